@@ -1,0 +1,367 @@
+//! Every cache rule, on paused tokio time.
+
+use std::time::{Duration, SystemTime};
+
+use super::*;
+use crate::providers::CredentialSecret;
+use crate::providers::fake::FakeProvider;
+use crate::request::ClusterInfo;
+
+const HOUR: Duration = Duration::from_secs(3600);
+const MIN: Duration = Duration::from_secs(60);
+
+fn settings() -> CacheSettings {
+    CacheSettings {
+        max_entries: 100,
+        idle_timeout: 2 * HOUR,
+        upstream_timeout: UPSTREAM_TIMEOUT,
+    }
+}
+
+fn setup(ttl: Duration) -> (Arc<Cache>, Arc<FakeProvider>, Arc<dyn Provider>) {
+    let fake = Arc::new(FakeProvider::new(ttl));
+    let provider: Arc<dyn Provider> = fake.clone();
+    (Arc::new(Cache::new(settings())), fake, provider)
+}
+
+fn req(cluster: &str) -> TokenRequest {
+    let mut config = serde_json::Map::new();
+    config.insert("clusterName".into(), cluster.into());
+    TokenRequest {
+        provider: "fake".into(),
+        cluster: Some(ClusterInfo {
+            server: format!("https://{cluster}"),
+            config,
+            ..Default::default()
+        }),
+        interactive: false,
+    }
+}
+
+fn key(cluster: &str) -> CacheKey {
+    CacheKey {
+        provider: "fake".into(),
+        identity: cluster.into(),
+    }
+}
+
+async fn get(
+    cache: &Cache,
+    provider: &Arc<dyn Provider>,
+    cluster: &str,
+) -> Result<Served, CacheError> {
+    cache.get(key(cluster), provider, &req(cluster)).await
+}
+
+fn token(served: &Served) -> &str {
+    match &served.credential.secret {
+        CredentialSecret::Token(t) => t.expose(),
+        CredentialSecret::ClientCertificate { .. } => panic!("expected a token"),
+    }
+}
+
+/// Lets spawned background fetches run to completion.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn miss_then_hit() {
+    let (cache, fake, p) = setup(HOUR);
+    let first = get(&cache, &p, "a").await.unwrap();
+    assert_eq!(first.outcome, Outcome::Miss);
+    assert_eq!(token(&first), "fake-a-1");
+    let second = get(&cache, &p, "a").await.unwrap();
+    assert_eq!(second.outcome, Outcome::Hit);
+    assert_eq!(token(&second), "fake-a-1");
+    assert_eq!(fake.calls(), 1);
+    // Another identity is another entry.
+    assert_eq!(token(&get(&cache, &p, "b").await.unwrap()), "fake-b-2");
+    assert_eq!(cache.entry_count(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_misses_share_one_fetch() {
+    let (cache, fake, p) = setup(HOUR);
+    fake.set_delay(Duration::from_millis(200));
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let (cache, p) = (cache.clone(), p.clone());
+        tasks.push(tokio::spawn(async move { get(&cache, &p, "a").await }));
+    }
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        let served = task.await.unwrap().unwrap();
+        assert_eq!(token(&served), "fake-a-1");
+        outcomes.push(served.outcome);
+    }
+    assert_eq!(fake.calls(), 1);
+    assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Miss).count(), 1);
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == Outcome::Joined).count(),
+        99
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fetch_completes_even_if_its_caller_gives_up() {
+    let (cache, fake, p) = setup(HOUR);
+    fake.set_delay(Duration::from_secs(5));
+    let gave_up = tokio::time::timeout(Duration::from_secs(1), get(&cache, &p, "a")).await;
+    assert!(gave_up.is_err());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let served = get(&cache, &p, "a").await.unwrap();
+    assert_eq!(served.outcome, Outcome::Hit);
+    assert_eq!(fake.calls(), 1);
+}
+
+#[test]
+fn schedule_refreshes_at_jittered_half_life() {
+    for r in [0.0, 0.5, 0.999] {
+        let (refresh, serve) = schedule(HOUR, r);
+        assert!(refresh >= 24 * MIN && refresh <= 36 * MIN, "{refresh:?}");
+        assert_eq!(serve, HOUR - STALE_MARGIN);
+    }
+    assert!(
+        schedule(HOUR, 0.0).0 < schedule(HOUR, 0.999).0,
+        "jitter moves the refresh time"
+    );
+}
+
+#[test]
+fn schedule_never_refreshes_later_than_five_minutes_before_expiry() {
+    for lifetime in [10 * MIN, 11 * MIN, 15 * MIN, 12 * HOUR] {
+        for r in [0.0, 0.999] {
+            let (refresh, _) = schedule(lifetime, r);
+            assert!(
+                refresh <= lifetime - REFRESH_LEAD,
+                "{lifetime:?}: {refresh:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn schedule_for_short_lived_tokens_keeps_half_life_and_shrinks_margin() {
+    // 8 minutes: "expiry - 5 min" would refresh after 3 minutes; half-life wins.
+    let (refresh, serve) = schedule(8 * MIN, 0.5);
+    assert_eq!(refresh, 4 * MIN);
+    assert_eq!(serve, 7 * MIN);
+    // 1 minute: served for 45 s (a quarter as margin), refreshed around 30 s.
+    let (refresh, serve) = schedule(MIN, 0.5);
+    assert_eq!(serve, Duration::from_secs(45));
+    assert_eq!(refresh, Duration::from_secs(30));
+    // 2 seconds still yields a usable window.
+    let (refresh, serve) = schedule(Duration::from_secs(2), 0.999);
+    assert!(refresh <= serve && serve == Duration::from_millis(1500));
+}
+
+#[tokio::test(start_paused = true)]
+async fn refresh_ahead_serves_the_old_token_without_waiting() {
+    let (cache, fake, p) = setup(HOUR);
+    get(&cache, &p, "a").await.unwrap();
+    fake.set_delay(Duration::from_secs(10));
+    // Before the earliest refresh time: a plain hit, no upstream call.
+    tokio::time::advance(23 * MIN).await;
+    assert_eq!(get(&cache, &p, "a").await.unwrap().outcome, Outcome::Hit);
+    assert_eq!(fake.calls(), 1);
+    // Past the latest refresh time: the old token comes back at once, a refresh starts.
+    tokio::time::advance(14 * MIN).await;
+    let started = Instant::now();
+    let stale = get(&cache, &p, "a").await.unwrap();
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "a hit never waits on upstream"
+    );
+    assert_eq!(stale.outcome, Outcome::Stale);
+    assert_eq!(token(&stale), "fake-a-1");
+    // Many hits during the refresh start no second one.
+    for _ in 0..10 {
+        assert_eq!(token(&get(&cache, &p, "a").await.unwrap()), "fake-a-1");
+    }
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(fake.calls(), 2);
+    let fresh = get(&cache, &p, "a").await.unwrap();
+    assert_eq!((token(&fresh), fresh.outcome), ("fake-a-2", Outcome::Hit));
+}
+
+#[tokio::test(start_paused = true)]
+async fn come_back_time_is_in_the_future_and_before_expiry() {
+    let (cache, fake, p) = setup(HOUR);
+    let served = get(&cache, &p, "a").await.unwrap();
+    let until = served.come_back.duration_since(SystemTime::now()).unwrap();
+    assert!(
+        until >= 24 * MIN - Duration::from_secs(1) && until <= 36 * MIN,
+        "{until:?}"
+    );
+    // Past the refresh time with upstream down: come back at the end of the serving window.
+    fake.fail_with(Some(ProviderError::Unavailable("down".into())));
+    tokio::time::advance(40 * MIN).await;
+    let stale = get(&cache, &p, "a").await.unwrap();
+    let until = stale.come_back.duration_since(SystemTime::now()).unwrap();
+    assert!(until > Duration::ZERO && until <= 19 * MIN, "{until:?}");
+    assert!(stale.come_back < served.credential.expires_at - STALE_MARGIN + Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn refresh_failure_serves_cached_token_until_expiry_minus_margin() {
+    let (cache, fake, p) = setup(HOUR);
+    get(&cache, &p, "a").await.unwrap();
+    fake.fail_with(Some(ProviderError::Unavailable("upstream down".into())));
+    tokio::time::advance(40 * MIN).await;
+    // Keep asking every 30 s up to 58 min: always the old token, while refreshes fail.
+    let stop = Instant::now() + 18 * MIN;
+    while Instant::now() < stop {
+        let served = get(&cache, &p, "a").await.unwrap();
+        assert_eq!(token(&served), "fake-a-1");
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    }
+    let calls_while_stale = fake.calls();
+    assert!(calls_while_stale >= 2, "refreshes were attempted");
+    // Past expiry - 60 s: never served; the caller gets the upstream error.
+    tokio::time::advance(HOUR).await;
+    let err = get(&cache, &p, "a").await.unwrap_err();
+    assert!(err.to_string().contains("upstream down"), "{err}");
+    assert!(err.is_transient());
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_window_ends_exactly_one_margin_before_expiry() {
+    let (cache, fake, p) = setup(HOUR);
+    get(&cache, &p, "a").await.unwrap();
+    fake.fail_with(Some(ProviderError::Unavailable("down".into())));
+    tokio::time::advance(HOUR - STALE_MARGIN - Duration::from_millis(1)).await;
+    assert_eq!(token(&get(&cache, &p, "a").await.unwrap()), "fake-a-1");
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert!(get(&cache, &p, "a").await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_back_off_exponentially_and_reset_on_success() {
+    let (cache, fake, p) = setup(HOUR);
+    fake.fail_with(Some(ProviderError::Unavailable("down".into())));
+    assert!(get(&cache, &p, "a").await.is_err());
+    assert_eq!(fake.calls(), 1);
+    // Within the first backoff (≥ 0.8 s): fail fast, no upstream call.
+    let err = get(&cache, &p, "a").await.unwrap_err();
+    assert!(matches!(err, CacheError::BackingOff { .. }), "{err:?}");
+    assert!(err.to_string().contains("retrying in"), "{err}");
+    assert_eq!(fake.calls(), 1);
+    // Retry times grow: 1 s, 2 s, 4 s, 8 s (each ±20 %).
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        let started = Instant::now();
+        loop {
+            tokio::time::advance(Duration::from_millis(50)).await;
+            let before = fake.calls();
+            let _ = get(&cache, &p, "a").await;
+            if fake.calls() > before {
+                break;
+            }
+        }
+        waits.push(started.elapsed());
+    }
+    for (i, wait) in waits.iter().enumerate() {
+        let base = INITIAL_BACKOFF * (1 << (i + 1)) / 2;
+        assert!(
+            *wait >= base.mul_f64(0.8) && *wait <= base.mul_f64(1.2) + Duration::from_millis(50),
+            "{i}: {wait:?}"
+        );
+    }
+    // Success resets: the next failure waits about a second again.
+    fake.fail_with(None);
+    tokio::time::advance(MAX_BACKOFF).await;
+    get(&cache, &p, "a").await.unwrap();
+    assert_eq!(
+        backoff(1, 0.999),
+        INITIAL_BACKOFF.mul_f64(1.0 + BACKOFF_JITTER * 0.998)
+    );
+    assert_eq!(backoff(30, 0.999), MAX_BACKOFF);
+}
+
+#[tokio::test(start_paused = true)]
+async fn denial_drops_the_entry() {
+    let (cache, fake, p) = setup(HOUR);
+    get(&cache, &p, "a").await.unwrap();
+    fake.fail_with(Some(ProviderError::Denied("role gone".into())));
+    tokio::time::advance(40 * MIN).await;
+    // This hit still gets the old token; its background refresh is denied.
+    assert_eq!(token(&get(&cache, &p, "a").await.unwrap()), "fake-a-1");
+    settle().await;
+    // The denied token is not served again; the next call asks upstream (no backoff).
+    let err = get(&cache, &p, "a").await.unwrap_err();
+    assert!(
+        matches!(err, CacheError::Provider(ProviderError::Denied(_))),
+        "{err:?}"
+    );
+    assert_eq!(fake.calls(), 3);
+    fake.fail_with(None);
+    assert_eq!(token(&get(&cache, &p, "a").await.unwrap()), "fake-a-4");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_credential_from_upstream_is_never_served() {
+    let (cache, fake, p) = setup(Duration::ZERO);
+    let err = get(&cache, &p, "a").await.unwrap_err();
+    assert!(matches!(err, CacheError::Expired), "{err:?}");
+    fake.set_ttl(HOUR);
+    tokio::time::advance(MAX_BACKOFF).await;
+    assert_eq!(token(&get(&cache, &p, "a").await.unwrap()), "fake-a-2");
+}
+
+#[tokio::test(start_paused = true)]
+async fn upstream_timeout_frees_the_entry() {
+    let (cache, fake, p) = setup(HOUR);
+    fake.set_delay(UPSTREAM_TIMEOUT * 2);
+    let err = get(&cache, &p, "a").await.unwrap_err();
+    assert!(matches!(err, CacheError::UpstreamTimeout(_)), "{err:?}");
+    fake.set_delay(Duration::ZERO);
+    tokio::time::advance(MAX_BACKOFF).await;
+    assert_eq!(token(&get(&cache, &p, "a").await.unwrap()), "fake-a-2");
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_entries_bounds_the_cache() {
+    let fake = Arc::new(FakeProvider::new(HOUR));
+    let p: Arc<dyn Provider> = fake.clone();
+    let cache = Cache::new(CacheSettings {
+        max_entries: 10,
+        ..settings()
+    });
+    for i in 0..50 {
+        get(&cache, &p, &format!("c{i}")).await.unwrap();
+    }
+    assert!(cache.entry_count() <= 10, "{}", cache.entry_count());
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_entries_age_out() {
+    let (cache, fake, p) = setup(12 * HOUR);
+    get(&cache, &p, "idle").await.unwrap();
+    get(&cache, &p, "busy").await.unwrap();
+    for _ in 0..5 {
+        tokio::time::advance(30 * MIN).await;
+        get(&cache, &p, "busy").await.unwrap();
+        cache.sweep_idle();
+    }
+    // "idle" was last asked for 2.5 h ago (> 2 h idle timeout); "busy" 0 s ago.
+    assert_eq!(cache.entry_count(), 1);
+    let calls = fake.calls();
+    assert_eq!(get(&cache, &p, "busy").await.unwrap().outcome, Outcome::Hit);
+    assert_eq!(
+        get(&cache, &p, "idle").await.unwrap().outcome,
+        Outcome::Miss
+    );
+    assert_eq!(fake.calls(), calls + 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sweeper_runs_on_its_own() {
+    let (cache, _fake, p) = setup(12 * HOUR);
+    let sweeper = cache.spawn_idle_sweeper();
+    get(&cache, &p, "a").await.unwrap();
+    tokio::time::sleep(3 * HOUR).await;
+    assert_eq!(cache.entry_count(), 0);
+    sweeper.abort();
+}

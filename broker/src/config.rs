@@ -1,0 +1,696 @@
+//! The broker's YAML configuration: parsing (camelCase keys, unknown keys rejected with their
+//! path), defaults, and validation. Nothing here touches the network or the socket.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Where the shim looks when neither `--socket` nor `CREDBROKER_SOCKET` is given (the design's
+/// contract); the deploy manifests mount an `emptyDir` there in both containers.
+pub const DEFAULT_SOCKET_PATH: &str = "/var/run/credbroker/broker.sock";
+/// Owner and group may connect: the manager and the sidecar share a group in the pod.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
+/// The design's default bound. One entry is a few hundred bytes, so this is a few MiB at most.
+pub const DEFAULT_MAX_ENTRIES: u64 = 10_000;
+/// Longer than the longest cloud token lifetime we serve (AKS tokens live 60–90 min), so an
+/// entry that client-go still comes back to is not aged out between two of its visits.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(2 * 60 * 60);
+/// client-go's own default wait for an exec plugin is none; 30 s matches the shim's default
+/// `--timeout`, so a wrapped plugin never outlives the caller waiting for it.
+pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(30);
+/// A wrapped plugin that prints no `expirationTimestamp` is run again after this long: the
+/// lifetime of an EKS token, the shortest of the common cloud tokens.
+pub const DEFAULT_EXEC_LIFETIME: Duration = Duration::from_secs(15 * 60);
+/// A file token that is not a JWT carries no expiry; it is re-read after this long (and
+/// earlier whenever the file changes).
+pub const DEFAULT_FILE_LIFETIME: Duration = Duration::from_secs(60 * 60);
+/// The ExecCredential version most plugins speak; older ones speak only v1beta1.
+pub const DEFAULT_EXEC_API_VERSION: &str = EXEC_API_V1;
+pub const EXEC_API_V1: &str = "client.authentication.k8s.io/v1";
+pub const EXEC_API_V1BETA1: &str = "client.authentication.k8s.io/v1beta1";
+
+/// The configuration used by `credbroker serve` without `--config`: one provider per cloud on
+/// that cloud's ambient credentials.
+pub const EMBEDDED_DEFAULT: &str = include_str!("default-config.yaml");
+
+/// Why a configuration was refused. Every message names the file and the YAML path.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: {path}: {message}")]
+    Invalid {
+        file: String,
+        path: String,
+        message: String,
+    },
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Config {
+    #[serde(default)]
+    pub socket: SocketConfig,
+    #[serde(default)]
+    pub cache: CacheConfig,
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
+    #[serde(default)]
+    pub providers: Vec<ProviderConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SocketConfig {
+    #[serde(default = "default_socket_path")]
+    pub path: PathBuf,
+    #[serde(default)]
+    pub mode: FileMode,
+    /// When set, only callers whose uid (from SO_PEERCRED) is listed may ask for tokens.
+    #[serde(default)]
+    pub allowed_uids: Option<Vec<u32>>,
+}
+
+impl Default for SocketConfig {
+    fn default() -> Self {
+        Self {
+            path: default_socket_path(),
+            mode: FileMode::default(),
+            allowed_uids: None,
+        }
+    }
+}
+
+fn default_socket_path() -> PathBuf {
+    PathBuf::from(DEFAULT_SOCKET_PATH)
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CacheConfig {
+    #[serde(default = "default_max_entries")]
+    pub max_entries: u64,
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: ConfigDuration,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            max_entries: DEFAULT_MAX_ENTRIES,
+            idle_timeout: default_idle_timeout(),
+        }
+    }
+}
+
+fn default_max_entries() -> u64 {
+    DEFAULT_MAX_ENTRIES
+}
+fn default_idle_timeout() -> ConfigDuration {
+    ConfigDuration(DEFAULT_IDLE_TIMEOUT)
+}
+
+/// Prometheus endpoint (served by the operations work; accepted and validated here).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MetricsConfig {
+    pub address: String,
+}
+
+/// One named provider: what the shim's `--provider` names.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProviderConfig {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: ProviderKind,
+    #[serde(default)]
+    pub aws: Option<AwsConfig>,
+    #[serde(default)]
+    pub gcp: Option<GcpConfig>,
+    #[serde(default)]
+    pub azure: Option<AzureConfig>,
+    #[serde(default)]
+    pub exec: Option<ExecConfig>,
+    #[serde(default)]
+    pub file: Option<FileConfig>,
+    #[serde(default)]
+    pub kubernetes_secret: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum ProviderKind {
+    Aws,
+    Gcp,
+    Azure,
+    Exec,
+    File,
+    KubernetesSecret,
+}
+
+impl ProviderKind {
+    /// The name used in the config (`type:`) and in the section key.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Aws => "aws",
+            Self::Gcp => "gcp",
+            Self::Azure => "azure",
+            Self::Exec => "exec",
+            Self::File => "file",
+            Self::KubernetesSecret => "kubernetesSecret",
+        }
+    }
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AwsConfig {
+    pub region: Option<String>,
+    pub role_arn: Option<String>,
+    pub external_id: Option<String>,
+    pub session_name: Option<String>,
+    pub sts_endpoint: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GcpConfig {
+    pub scopes: Option<Vec<String>>,
+    pub impersonate_service_account: Option<String>,
+    pub delegates: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AzureConfig {
+    pub server_id: Option<String>,
+    pub tenant_id: Option<String>,
+    pub credential: Option<String>,
+    pub client_id: Option<String>,
+    pub authority_host: Option<String>,
+}
+
+/// Wraps an existing kubeconfig exec plugin, adding the cache and single-flight.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExecConfig {
+    pub command: PathBuf,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default = "default_exec_timeout")]
+    pub timeout: ConfigDuration,
+    #[serde(default = "default_exec_api_version")]
+    pub api_version: String,
+    #[serde(default = "default_exec_lifetime")]
+    pub default_lifetime: ConfigDuration,
+}
+
+fn default_exec_timeout() -> ConfigDuration {
+    ConfigDuration(DEFAULT_EXEC_TIMEOUT)
+}
+fn default_exec_api_version() -> String {
+    DEFAULT_EXEC_API_VERSION.to_owned()
+}
+fn default_exec_lifetime() -> ConfigDuration {
+    ConfigDuration(DEFAULT_EXEC_LIFETIME)
+}
+
+/// A token kept in a file, e.g. a projected ServiceAccount token per cluster.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FileConfig {
+    /// May contain `{clusterName}`, taken from the cluster's exec extension.
+    pub path: String,
+    #[serde(default = "default_file_lifetime")]
+    pub lifetime: ConfigDuration,
+}
+
+fn default_file_lifetime() -> ConfigDuration {
+    ConfigDuration(DEFAULT_FILE_LIFETIME)
+}
+
+/// A duration written the human way: `30s`, `5m`, `1h30m`, `500ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for ConfigDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(text.trim())
+            .map(ConfigDuration)
+            .map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "invalid duration {text:?} ({e}); write it like 30s, 5m or 1h30m"
+                ))
+            })
+    }
+}
+
+/// Unix permission bits written as a quoted octal string, e.g. "0660".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileMode(pub u32);
+
+impl Default for FileMode {
+    fn default() -> Self {
+        Self(DEFAULT_SOCKET_MODE)
+    }
+}
+
+impl<'de> Deserialize<'de> for FileMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // YAML 1.1 and 1.2 disagree on whether an unquoted 0660 is octal (our parser keeps it
+        // as the text "0660"); a plain number like 660 is refused rather than guessed at.
+        let value = serde_json::Value::deserialize(d)?;
+        let text = value.as_str().ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "file mode must be a quoted octal string like \"0660\", got {value}"
+            ))
+        })?;
+        let digits = text.strip_prefix("0o").unwrap_or(text);
+        match u32::from_str_radix(digits, 8) {
+            Ok(mode) if !digits.is_empty() && mode <= 0o777 => Ok(Self(mode)),
+            _ => Err(serde::de::Error::custom(format!(
+                "invalid file mode {text:?}: expected octal permission bits from \"0000\" to \"0777\", like \"0660\""
+            ))),
+        }
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Self::parse(&text, &file)
+    }
+
+    /// The built-in configuration of `credbroker serve` without `--config`.
+    pub fn embedded_default() -> Self {
+        #[allow(clippy::expect_used)] // checked by a unit test; a broken build must not ship
+        Self::parse(EMBEDDED_DEFAULT, "<embedded default>").expect("embedded default config")
+    }
+
+    /// Parses and validates YAML text; `file` names the source in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Self, ConfigError> {
+        let invalid = |path: String, message: String| ConfigError::Invalid {
+            file: file.to_owned(),
+            path,
+            message,
+        };
+        // YAML → a JSON tree first: syntax errors keep their line and column, and the typed
+        // pass below reports plain messages at paths like `providers[0].exec.timeout`.
+        let tree: serde_json::Value = serde_norway::from_str(text)
+            .map_err(|e| invalid("(yaml)".to_owned(), e.to_string()))?;
+        let tree = if tree.is_null() {
+            serde_json::json!({})
+        } else {
+            tree
+        };
+        let config: Self = serde_path_to_error::deserialize(tree).map_err(|e| {
+            let path = match e.path().to_string() {
+                p if p == "." => "(top level)".to_owned(),
+                p => p,
+            };
+            invalid(path, e.inner().to_string())
+        })?;
+        config
+            .validate()
+            .map_err(|(path, message)| invalid(path, message))?;
+        Ok(config)
+    }
+
+    /// Checks what the types alone cannot; returns the YAML path and the reason.
+    fn validate(&self) -> Result<(), (String, String)> {
+        if !self.socket.path.is_absolute() {
+            return Err((
+                "socket.path".into(),
+                format!("must be an absolute path, got {:?}", self.socket.path),
+            ));
+        }
+        if self.cache.max_entries == 0 {
+            return Err(("cache.maxEntries".into(), "must be at least 1".into()));
+        }
+        if self.cache.idle_timeout.0.is_zero() {
+            return Err(("cache.idleTimeout".into(), "must be longer than 0s".into()));
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics
+                .address
+                .parse::<std::net::SocketAddr>()
+                .map_err(|e| {
+                    (
+                        "metrics.address".into(),
+                        format!(
+                            "{:?} is not an address like 0.0.0.0:9090: {e}",
+                            metrics.address
+                        ),
+                    )
+                })?;
+        }
+        if self.providers.is_empty() {
+            return Err(("providers".into(), "at least one provider is needed".into()));
+        }
+        let mut names = HashSet::new();
+        for (i, provider) in self.providers.iter().enumerate() {
+            let at = |field: &str| format!("providers[{i}].{field}");
+            provider
+                .validate()
+                .map_err(|(field, msg)| (at(&field), msg))?;
+            if !names.insert(provider.name.as_str()) {
+                return Err((
+                    at("name"),
+                    format!("duplicate provider name {:?}", provider.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ProviderConfig {
+    /// Validates one provider; the returned path is relative to the provider.
+    fn validate(&self) -> Result<(), (String, String)> {
+        let valid_name = !self.name.is_empty()
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !valid_name {
+            return Err((
+                "name".into(),
+                format!(
+                    "{:?} is not a provider name: use letters, digits, '-', '_' or '.'",
+                    self.name
+                ),
+            ));
+        }
+        let sections = [
+            (ProviderKind::Aws, self.aws.is_some()),
+            (ProviderKind::Gcp, self.gcp.is_some()),
+            (ProviderKind::Azure, self.azure.is_some()),
+            (ProviderKind::Exec, self.exec.is_some()),
+            (ProviderKind::File, self.file.is_some()),
+            (
+                ProviderKind::KubernetesSecret,
+                self.kubernetes_secret.is_some(),
+            ),
+        ];
+        for (kind, present) in sections {
+            if present && kind != self.kind {
+                return Err((
+                    kind.as_str().into(),
+                    format!(
+                        "a {kind} section on a provider of type {}; move it to a provider of type {kind} or remove it",
+                        self.kind
+                    ),
+                ));
+            }
+        }
+        match self.kind {
+            ProviderKind::Exec => {
+                let exec = self.exec.as_ref().ok_or_else(|| {
+                    (
+                        "exec".into(),
+                        "type exec needs an exec section with a command".into(),
+                    )
+                })?;
+                exec.validate().map_err(|(f, m)| (format!("exec.{f}"), m))
+            }
+            ProviderKind::File => {
+                let file = self.file.as_ref().ok_or_else(|| {
+                    (
+                        "file".into(),
+                        "type file needs a file section with a path".into(),
+                    )
+                })?;
+                file.validate().map_err(|(f, m)| (format!("file.{f}"), m))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl ExecConfig {
+    fn validate(&self) -> Result<(), (String, String)> {
+        if !self.command.is_absolute() {
+            return Err((
+                "command".into(),
+                format!(
+                    "must be an absolute path (the broker does not search PATH), got {:?}",
+                    self.command
+                ),
+            ));
+        }
+        if self.timeout.0.is_zero() {
+            return Err(("timeout".into(), "must be longer than 0s".into()));
+        }
+        if self.default_lifetime.0 < Duration::from_secs(1) {
+            return Err(("defaultLifetime".into(), "must be at least 1s".into()));
+        }
+        if self.api_version != EXEC_API_V1 && self.api_version != EXEC_API_V1BETA1 {
+            return Err((
+                "apiVersion".into(),
+                format!(
+                    "unsupported {:?}; use {EXEC_API_V1} or {EXEC_API_V1BETA1}",
+                    self.api_version
+                ),
+            ));
+        }
+        for key in self.env.keys() {
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                return Err((
+                    format!("env.{key}"),
+                    "not a valid environment variable name".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FileConfig {
+    fn validate(&self) -> Result<(), (String, String)> {
+        if !Path::new(&self.path).is_absolute() {
+            return Err((
+                "path".into(),
+                format!("must be an absolute path, got {:?}", self.path),
+            ));
+        }
+        let mut rest = self.path.as_str();
+        while let Some(start) = rest.find('{') {
+            let Some(len) = rest[start..].find('}') else {
+                return Err(("path".into(), format!("unclosed '{{' in {:?}", self.path)));
+            };
+            let name = &rest[start + 1..start + len];
+            if name != "clusterName" {
+                return Err((
+                    "path".into(),
+                    format!(
+                        "unknown placeholder {{{name}}} in {:?}; only {{clusterName}} is supported",
+                        self.path
+                    ),
+                ));
+            }
+            rest = &rest[start + len + 1..];
+        }
+        if self.lifetime.0 < Duration::from_secs(1) {
+            return Err(("lifetime".into(), "must be at least 1s".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Config::parse(text, "test.yaml").unwrap_err().to_string()
+    }
+
+    const EXEC: &str =
+        "providers:\n  - name: onprem\n    type: exec\n    exec: {command: /bin/plugin}\n";
+
+    #[test]
+    fn embedded_default_parses() {
+        let config = Config::embedded_default();
+        let names: Vec<_> = config.providers.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["aws", "gcp", "azure"]);
+        assert_eq!(config.socket.path, Path::new(DEFAULT_SOCKET_PATH));
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let config = Config::parse(EXEC, "t").unwrap();
+        assert_eq!(config.socket.mode, FileMode(0o660));
+        assert_eq!(config.cache.max_entries, DEFAULT_MAX_ENTRIES);
+        let exec = config.providers[0].exec.as_ref().unwrap();
+        assert_eq!(exec.timeout.0, DEFAULT_EXEC_TIMEOUT);
+        assert_eq!(exec.api_version, EXEC_API_V1);
+    }
+
+    #[test]
+    fn full_example_parses() {
+        let text = r#"
+socket: {path: /run/cb.sock, mode: "0600", allowedUids: [65532]}
+cache: {maxEntries: 5, idleTimeout: 30m}
+metrics: {address: "0.0.0.0:9090"}
+providers:
+  - name: eks
+    type: aws
+    aws: {region: us-west-2, roleArn: "arn:aws:iam::111122223333:role/kueue", stsEndpoint: regional}
+  - name: gke
+    type: gcp
+    gcp: {scopes: [https://www.googleapis.com/auth/cloud-platform]}
+  - name: aks
+    type: azure
+    azure: {serverId: 6dae42f8-4368-4678-94ff-3960e28e3630}
+  - name: onprem
+    type: exec
+    exec: {command: /plugins/bin/kubelogin, args: [get-token], env: {A: b}, timeout: 10s, apiVersion: client.authentication.k8s.io/v1beta1}
+  - name: static
+    type: file
+    file: {path: "/var/run/secrets/clusters/{clusterName}/token", lifetime: 2h}
+"#;
+        let config = Config::parse(text, "t").unwrap();
+        assert_eq!(config.socket.mode, FileMode(0o600));
+        // Unquoted, a leading zero still reads as the octal the operator meant.
+        let unquoted =
+            Config::parse(&format!("socket: {{path: /a, mode: 0640}}\n{EXEC}"), "t").unwrap();
+        assert_eq!(unquoted.socket.mode, FileMode(0o640));
+        assert_eq!(config.socket.allowed_uids, Some(vec![65532]));
+        assert_eq!(config.cache.idle_timeout.0, Duration::from_secs(1800));
+        assert_eq!(config.providers.len(), 5);
+        assert_eq!(
+            config.providers[3].exec.as_ref().unwrap().timeout.0,
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            config.providers[4].file.as_ref().unwrap().lifetime.0,
+            Duration::from_secs(7200)
+        );
+    }
+
+    #[test]
+    fn unknown_key_names_its_path() {
+        let e = err(
+            "providers:\n  - name: x\n    type: exec\n    exec: {command: /bin/p, bogusKey: 1}\n",
+        );
+        assert!(e.contains("providers[0].exec.bogusKey"), "{e}");
+        let e = err("bogus: 1\nproviders: []\n");
+        assert!(
+            e.starts_with("test.yaml: bogus: unknown field `bogus`"),
+            "{e}"
+        );
+        let e = err("providers:\n  - name: x\n    type: file\n    file: {path: /t, lifetime: 5}\n");
+        assert!(
+            e.contains("providers[0].file.lifetime: invalid type: integer `5`"),
+            "{e}"
+        );
+        let e = err("socket: {path: /a, color: red}\n");
+        assert!(e.contains("socket.color"), "{e}");
+    }
+
+    #[test]
+    fn every_field_is_validated() {
+        let cases = [
+            (
+                "socket: {path: rel.sock}\n",
+                "socket.path: must be an absolute path",
+            ),
+            (
+                "socket: {path: /a, mode: \"0999\"}\n",
+                "socket.mode: invalid file mode",
+            ),
+            ("socket: {path: /a, mode: 660}\n", "quoted octal string"),
+            ("cache: {maxEntries: 0}\n", "cache.maxEntries"),
+            (
+                "cache: {idleTimeout: 5 parsecs}\n",
+                "cache.idleTimeout: invalid duration",
+            ),
+            ("metrics: {address: nowhere}\n", "metrics.address"),
+            ("providers: []\n", "providers: at least one provider"),
+            (
+                "providers:\n  - {name: a, type: cloud}\n",
+                "providers[0].type: unknown variant `cloud`",
+            ),
+            (
+                "providers:\n  - {name: a, type: exec}\n",
+                "providers[0].exec: type exec needs",
+            ),
+            (
+                "providers:\n  - {name: a, type: exec, exec: {command: plugin}}\n",
+                "providers[0].exec.command: must be an absolute path",
+            ),
+            (
+                "providers:\n  - {name: a, type: exec, exec: {command: /p, timeout: 5 parsecs}}\n",
+                "providers[0].exec.timeout: invalid duration",
+            ),
+            (
+                "providers:\n  - {name: a, type: exec, exec: {command: /p, apiVersion: v2}}\n",
+                "providers[0].exec.apiVersion: unsupported",
+            ),
+            (
+                "providers:\n  - {name: a, type: file, file: {path: \"/x/{cluster}\"}}\n",
+                "providers[0].file.path: unknown placeholder {cluster}",
+            ),
+            (
+                "providers:\n  - {name: a, type: file, file: {path: x}}\n",
+                "providers[0].file.path: must be an absolute",
+            ),
+            (
+                "providers:\n  - {name: a, type: aws, exec: {command: /p}}\n",
+                "providers[0].exec: a exec section on a provider of type aws",
+            ),
+            (
+                "providers:\n  - {name: 'a b', type: aws}\n",
+                "providers[0].name",
+            ),
+            (
+                "providers:\n  - {name: a, type: aws}\n  - {name: a, type: gcp}\n",
+                "providers[1].name: duplicate provider name",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text:?}: got {e:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn syntax_errors_say_where() {
+        let e = err("providers: [\n");
+        assert!(e.starts_with("test.yaml: "), "{e}");
+        assert!(e.contains("line"), "{e}");
+    }
+
+    #[test]
+    fn missing_file_names_it() {
+        let e = Config::load(Path::new("/nonexistent/credbroker.yaml")).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("/nonexistent/credbroker.yaml: cannot read"),
+            "{e}"
+        );
+    }
+}

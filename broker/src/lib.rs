@@ -1,0 +1,10 @@
+//! credbroker: a credential broker for Kubernetes multi-cluster controllers. client-go runs
+//! `credbroker-shim` as a kubeconfig exec plugin; the shim asks this broker over a Unix
+//! socket; the broker answers from a per-identity cache filled by providers.
+
+pub mod cache;
+pub mod config;
+pub mod providers;
+pub mod request;
+pub mod server;
+pub mod socket;

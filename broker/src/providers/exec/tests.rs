@@ -1,0 +1,236 @@
+//! The exec provider against real shell-script plugins (real time: process I/O).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::*;
+use crate::config::ConfigDuration;
+use crate::request::ClusterInfo;
+
+fn plugin(dir: &Path, body: &str) -> PathBuf {
+    let path = dir.join("plugin.sh");
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+fn provider(command: PathBuf, api_version: &str, timeout: Duration) -> ExecProvider {
+    ExecProvider::new(ExecConfig {
+        command,
+        args: vec!["one".into(), "two words".into()],
+        env: BTreeMap::from([("PLUGIN_MODE".into(), "test".into())]),
+        timeout: ConfigDuration(timeout),
+        api_version: api_version.into(),
+        default_lifetime: ConfigDuration(Duration::from_secs(600)),
+    })
+}
+
+fn req(cluster: &str) -> TokenRequest {
+    let mut config = serde_json::Map::new();
+    config.insert("clusterName".into(), cluster.into());
+    config.insert("port".into(), 443.into());
+    TokenRequest {
+        provider: "p".into(),
+        cluster: Some(ClusterInfo {
+            server: "https://127.0.0.1:6443".into(),
+            certificate_authority_data: b"PEM".to_vec(),
+            config,
+            ..Default::default()
+        }),
+        interactive: true,
+    }
+}
+
+const TOKEN_OUT: &str = r#"echo '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"sekrit-token","expirationTimestamp":"2099-01-02T03:04:05Z"}}'"#;
+
+#[tokio::test]
+async fn hands_the_plugin_what_client_go_would_and_parses_its_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let seen = dir.path().join("seen");
+    let body = format!(
+        "printf '%s' \"$KUBERNETES_EXEC_INFO\" > {seen}.info\nprintf '%s|%s|%s' \"$1\" \"$2\" \"$PLUGIN_MODE\" > {seen}.args\n{TOKEN_OUT}",
+        seen = seen.display()
+    );
+    let p = provider(
+        plugin(dir.path(), &body),
+        EXEC_API_V1BETA1,
+        Duration::from_secs(10),
+    );
+    let cred = p.fetch(&req("a")).await.unwrap();
+    assert_eq!(
+        cred.secret,
+        CredentialSecret::Token(Secret::new("sekrit-token"))
+    );
+    assert_eq!(
+        cred.expires_at,
+        parse_rfc3339("2099-01-02T03:04:05Z").unwrap()
+    );
+    let info: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("seen.info")).unwrap())
+            .unwrap();
+    assert_eq!(info["apiVersion"], EXEC_API_V1BETA1);
+    assert_eq!(info["kind"], "ExecCredential");
+    assert_eq!(
+        info["spec"]["interactive"], false,
+        "a wrapped plugin never prompts"
+    );
+    assert_eq!(info["spec"]["cluster"]["server"], "https://127.0.0.1:6443");
+    assert_eq!(
+        info["spec"]["cluster"]["certificate-authority-data"],
+        "UEVN"
+    );
+    assert_eq!(info["spec"]["cluster"]["config"]["clusterName"], "a");
+    assert_eq!(
+        info["spec"]["cluster"]["config"]["port"], 443,
+        "integral numbers stay integers"
+    );
+    let args = std::fs::read_to_string(dir.path().join("seen.args")).unwrap();
+    assert_eq!(args, "one|two words|test");
+}
+
+#[tokio::test]
+async fn client_certificates_and_default_lifetime() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = r#"echo '{"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential","status":{"clientCertificateData":"CERT","clientKeyData":"KEY"}}'"#;
+    let p = provider(
+        plugin(dir.path(), body),
+        EXEC_API_V1,
+        Duration::from_secs(10),
+    );
+    let before = SystemTime::now();
+    let cred = p.fetch(&req("a")).await.unwrap();
+    assert_eq!(
+        cred.secret,
+        CredentialSecret::ClientCertificate {
+            certificate_pem: "CERT".into(),
+            key_pem: Secret::new("KEY")
+        }
+    );
+    let lifetime = cred.expires_at.duration_since(before).unwrap();
+    assert!(lifetime >= Duration::from_secs(600) && lifetime < Duration::from_secs(610));
+}
+
+#[tokio::test]
+async fn a_failing_plugin_reports_its_exit_code_and_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = "echo 'first problem' >&2\necho 'second problem' >&2\nexit 3";
+    let p = provider(
+        plugin(dir.path(), body),
+        EXEC_API_V1,
+        Duration::from_secs(10),
+    );
+    let err = p.fetch(&req("a")).await.unwrap_err();
+    assert!(err.is_transient());
+    let msg = err.to_string();
+    assert!(msg.contains("exited with code 3"), "{msg}");
+    assert!(msg.contains("first problem | second problem"), "{msg}");
+}
+
+#[tokio::test]
+async fn bad_output_is_refused_without_quoting_it() {
+    let cases = [
+        ("echo 'sekrit-token'", "not JSON"),
+        (
+            r#"echo '{"apiVersion":"v9","kind":"ExecCredential","status":{"token":"sekrit-token"}}'"#,
+            "apiVersion",
+        ),
+        (
+            r#"echo '{"apiVersion":"client.authentication.k8s.io/v1","kind":"Pod","status":{"token":"sekrit-token"}}'"#,
+            "kind",
+        ),
+        (
+            r#"echo '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{}}'"#,
+            "neither token",
+        ),
+        (
+            r#"echo '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"clientKeyData":"sekrit-token"}}'"#,
+            "go together",
+        ),
+        (
+            r#"echo '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"sekrit-token","expirationTimestamp":"tomorrow"}}'"#,
+            "RFC 3339",
+        ),
+    ];
+    for (body, want) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provider(
+            plugin(dir.path(), body),
+            EXEC_API_V1,
+            Duration::from_secs(10),
+        );
+        let msg = p.fetch(&req("a")).await.unwrap_err().to_string();
+        assert!(msg.contains(want), "{body}: {msg}");
+        assert!(!msg.contains("sekrit"), "{body}: leaks the secret: {msg}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_plugin_is_a_clear_error() {
+    let p = provider(
+        PathBuf::from("/nonexistent/plugin"),
+        EXEC_API_V1,
+        Duration::from_secs(10),
+    );
+    let msg = p.fetch(&req("a")).await.unwrap_err().to_string();
+    assert!(
+        msg.contains("cannot run exec plugin /nonexistent/plugin"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn timeout_kills_the_whole_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("child.pid");
+    let body = format!("sleep 60 &\necho $! > {}\nsleep 60", pidfile.display());
+    let p = provider(
+        plugin(dir.path(), &body),
+        EXEC_API_V1,
+        Duration::from_millis(500),
+    );
+    let started = std::time::Instant::now();
+    let err = p.fetch(&req("a")).await.unwrap_err();
+    assert!(matches!(err, ProviderError::Timeout(_)), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let child: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The background grandchild was killed too (give the kernel a moment to reap it).
+    let mut gone = false;
+    for _ in 0..50 {
+        let state = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting for init to reap it.
+        if state.is_empty() || state.split(' ').nth(2) == Some("Z") {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(gone, "grandchild {child} survived the timeout");
+}
+
+#[test]
+fn identity_is_server_plus_config() {
+    let p = provider(
+        PathBuf::from("/bin/true"),
+        EXEC_API_V1,
+        Duration::from_secs(1),
+    );
+    let a = p.identity(&req("a")).unwrap();
+    assert_eq!(a, p.identity(&req("a")).unwrap());
+    assert_ne!(a, p.identity(&req("b")).unwrap());
+    let mut other_server = req("a");
+    other_server.cluster.as_mut().unwrap().server = "https://elsewhere".into();
+    assert_ne!(a, p.identity(&other_server).unwrap());
+    // Key order in the config does not matter.
+    let mut reordered = serde_json::Map::new();
+    reordered.insert("port".into(), 443.into());
+    reordered.insert("clusterName".into(), "a".into());
+    let mut r = req("a");
+    r.cluster.as_mut().unwrap().config = reordered;
+    assert_eq!(a, p.identity(&r).unwrap());
+}

@@ -1,0 +1,161 @@
+//! Credential providers behind one trait. A provider derives the identity a request maps to
+//! (the cache key), fetches a credential for it, and classifies its failures so the cache
+//! knows whether to retry (transient) or to drop what it holds (denied).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::config::{ProviderConfig, ProviderKind};
+use crate::request::TokenRequest;
+
+pub mod exec;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
+pub mod file;
+pub mod unbuilt;
+
+/// A boxed future, so providers stay object-safe behind `Arc<dyn Provider>`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A secret string: kept in memory only, printed as `[redacted]` by Debug and Display.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+    /// The secret itself; call only to put it on the wire.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// What a provider hands back: a bearer token or a client certificate and key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Credential {
+    pub secret: CredentialSecret,
+    /// The credential's real expiry as the issuer states it.
+    pub expires_at: SystemTime,
+    /// Opaque version of the source (e.g. a file's inode and mtime); lets a provider tell
+    /// the cache that what it holds is out of date without fetching.
+    pub source_version: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum CredentialSecret {
+    Token(Secret),
+    ClientCertificate {
+        certificate_pem: String,
+        key_pem: Secret,
+    },
+}
+
+impl Credential {
+    pub fn token(token: impl Into<String>, expires_at: SystemTime) -> Self {
+        Self {
+            secret: CredentialSecret::Token(Secret::new(token)),
+            expires_at,
+            source_version: None,
+        }
+    }
+}
+
+/// How a provider failed. The variant decides the gRPC status (mapped in `server`) and
+/// what the cache does next; messages name the provider's input, never a secret.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum ProviderError {
+    /// The request lacks something this provider needs (e.g. `clusterName`).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The source of the credential does not exist (e.g. a token file).
+    #[error("{0}")]
+    NotFound(String),
+    /// The upstream refused this identity: the cache drops what it holds for it.
+    #[error("{0}")]
+    Denied(String),
+    /// The upstream failed or could not be reached: retried with backoff, while a cached
+    /// credential is still served.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The upstream did not answer in time: treated like `Unavailable`.
+    #[error("{0}")]
+    Timeout(String),
+    /// The provider type is not compiled into this broker, or is misconfigured.
+    #[error("{0}")]
+    Unimplemented(String),
+}
+
+impl ProviderError {
+    /// Whether the cache should retry with backoff and keep serving what it holds.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Timeout(_))
+    }
+}
+
+/// One configured provider.
+pub trait Provider: Send + Sync + fmt::Debug {
+    fn kind(&self) -> ProviderKind;
+
+    /// The identity this request maps to, within this provider: requests with the same
+    /// identity share one credential and one upstream call.
+    fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError>;
+
+    /// Gets a new credential from upstream.
+    fn fetch<'a>(
+        &'a self,
+        req: &'a TokenRequest,
+    ) -> BoxFuture<'a, Result<Credential, ProviderError>>;
+
+    /// Whether a cached credential still reflects its source; checked on every hit, so it
+    /// must be cheap (a `stat`, not a read). Most sources cannot change under a credential.
+    fn is_current(&self, _req: &TokenRequest, _cached: &Credential) -> bool {
+        true
+    }
+}
+
+/// Builds the provider a config entry describes.
+pub fn build(config: &ProviderConfig) -> Arc<dyn Provider> {
+    match (config.kind, &config.exec, &config.file) {
+        (ProviderKind::Exec, Some(exec), _) => Arc::new(exec::ExecProvider::new(exec.clone())),
+        (ProviderKind::File, _, Some(file)) => Arc::new(file::FileProvider::new(file.clone())),
+        (kind, _, _) => Arc::new(unbuilt::Unbuilt::new(&config.name, kind)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_print() {
+        let cred = Credential {
+            secret: CredentialSecret::ClientCertificate {
+                certificate_pem: "CERT".into(),
+                key_pem: Secret::new("KEY-MATERIAL"),
+            },
+            expires_at: SystemTime::UNIX_EPOCH,
+            source_version: None,
+        };
+        let token = Credential::token("TOKEN-MATERIAL", SystemTime::UNIX_EPOCH);
+        let printed = format!("{cred:?} {token:?} {} {:#?}", Secret::new("s3"), token);
+        assert!(!printed.contains("MATERIAL"), "{printed}");
+        assert!(!printed.contains("s3"), "{printed}");
+        assert!(printed.contains("[redacted]"));
+    }
+}

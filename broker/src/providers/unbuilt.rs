@@ -1,0 +1,49 @@
+//! Placeholder for provider types whose implementation has not landed in this build
+//! (aws, gcp, azure, kubernetesSecret): the config is accepted and validated, and every
+//! request gets a clear UNIMPLEMENTED error instead of a start-up failure.
+
+use crate::config::ProviderKind;
+use crate::request::TokenRequest;
+
+use super::{BoxFuture, Credential, Provider, ProviderError};
+
+#[derive(Debug)]
+pub struct Unbuilt {
+    name: String,
+    kind: ProviderKind,
+}
+
+impl Unbuilt {
+    pub fn new(name: &str, kind: ProviderKind) -> Self {
+        Self {
+            name: name.to_owned(),
+            kind,
+        }
+    }
+
+    fn error(&self) -> ProviderError {
+        ProviderError::Unimplemented(format!(
+            "provider type {} (provider {:?}) is not available in credbroker {} yet; use an exec provider wrapping a plugin meanwhile",
+            self.kind,
+            self.name,
+            env!("CARGO_PKG_VERSION")
+        ))
+    }
+}
+
+impl Provider for Unbuilt {
+    fn kind(&self) -> ProviderKind {
+        self.kind
+    }
+
+    fn identity(&self, _req: &TokenRequest) -> Result<String, ProviderError> {
+        Err(self.error())
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        _req: &'a TokenRequest,
+    ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
+        Box::pin(async move { Err(self.error()) })
+    }
+}

@@ -1,0 +1,193 @@
+//! The broker's Unix socket: created with the configured mode, never replacing anything but
+//! a stale socket, and removed on shutdown only if it is still ours.
+
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+
+use nix::sys::stat::{Mode, umask};
+use tokio::net::UnixListener;
+
+/// Why the socket could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error("cannot create the socket directory {dir}: {source}")]
+    CreateDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} exists and is not a socket; refusing to replace it (remove it or choose another socket.path)"
+    )]
+    NotASocket { path: PathBuf },
+    #[error("another broker is already listening on {path}; stop it or choose another socket.path")]
+    InUse { path: PathBuf },
+    #[error("cannot inspect {path}: {source}")]
+    Inspect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot remove the stale socket {path}: {source}")]
+    RemoveStale {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {path}: {source}")]
+    Bind {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot set mode {mode:04o} on {path}: {source}")]
+    Chmod {
+        path: PathBuf,
+        mode: u32,
+        source: std::io::Error,
+    },
+}
+
+/// Removes the socket file when dropped, if the file there is still the one we created.
+#[derive(Debug)]
+pub struct SocketGuard {
+    path: PathBuf,
+    inode: (u64, u64, i64, i64),
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        if let Ok(meta) = std::fs::symlink_metadata(&self.path)
+            && identity(&meta) == self.inode
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Which file: inode numbers are reused at once on tmpfs, so the change time (set by our
+/// chmod, to the nanosecond) tells our socket from a later one at the same inode.
+fn identity(meta: &std::fs::Metadata) -> (u64, u64, i64, i64) {
+    (meta.dev(), meta.ino(), meta.ctime(), meta.ctime_nsec())
+}
+
+/// Listens on `path` with permission bits `mode`. Creates the parent directory; replaces a
+/// socket only when nothing answers on it (a broker that crashed); refuses anything else.
+pub fn bind(path: &Path, mode: u32) -> Result<(UnixListener, SocketGuard), SocketError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| SocketError::CreateDir {
+            dir: dir.to_owned(),
+            source,
+        })?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => {
+                    return Err(SocketError::InUse {
+                        path: path.to_owned(),
+                    });
+                }
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                    tracing::info!(socket = %path.display(), "replacing a stale socket nothing listens on");
+                    std::fs::remove_file(path).map_err(|source| SocketError::RemoveStale {
+                        path: path.to_owned(),
+                        source,
+                    })?;
+                }
+                Err(source) => {
+                    return Err(SocketError::Inspect {
+                        path: path.to_owned(),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(_) => {
+            return Err(SocketError::NotASocket {
+                path: path.to_owned(),
+            });
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(SocketError::Inspect {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    }
+    // The socket is created with 0777 & !umask: narrow the umask around bind so it never
+    // exists, even briefly, with wider permissions than configured.
+    let old = umask(Mode::from_bits_truncate(!mode & 0o777));
+    let bound = UnixListener::bind(path);
+    umask(old);
+    let listener = bound.map_err(|source| SocketError::Bind {
+        path: path.to_owned(),
+        source,
+    })?;
+    let chmod_error = |source| SocketError::Chmod {
+        path: path.to_owned(),
+        mode,
+        source,
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(chmod_error)?;
+    let meta = std::fs::symlink_metadata(path).map_err(|source| SocketError::Inspect {
+        path: path.to_owned(),
+        source,
+    })?;
+    let guard = SocketGuard {
+        path: path.to_owned(),
+        inode: identity(&meta),
+    };
+    Ok((listener, guard))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn creates_the_directory_and_applies_the_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/dir/broker.sock");
+        let (_listener, guard) = bind(&path, 0o600).unwrap();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        drop(guard);
+        assert!(!path.exists(), "the guard removes the socket");
+    }
+
+    #[tokio::test]
+    async fn refuses_a_file_that_is_not_a_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.sock");
+        std::fs::write(&path, "precious").unwrap();
+        let err = bind(&path, 0o660).unwrap_err();
+        assert!(matches!(err, SocketError::NotASocket { .. }), "{err}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "precious");
+    }
+
+    #[tokio::test]
+    async fn refuses_a_live_socket_and_replaces_a_stale_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.sock");
+        let (first, guard) = bind(&path, 0o660).unwrap();
+        let err = bind(&path, 0o660).unwrap_err();
+        assert!(matches!(err, SocketError::InUse { .. }), "{err}");
+        // A crash leaves the file behind with nothing listening.
+        drop(first);
+        std::mem::forget(guard);
+        assert!(path.exists());
+        let (_again, _guard) = bind(&path, 0o660).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_guard_leaves_a_newer_socket_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.sock");
+        let (first, old_guard) = bind(&path, 0o660).unwrap();
+        drop(first);
+        std::fs::remove_file(&path).unwrap();
+        let (_second, _guard) = bind(&path, 0o660).unwrap();
+        drop(old_guard);
+        assert!(path.exists());
+    }
+}
