@@ -1,0 +1,890 @@
+//! `credbroker-shim`: the kubeconfig exec plugin client-go runs. It forwards
+//! `KUBERNETES_EXEC_INFO` to the credbroker sidecar as one `TokenService/GetToken` call over
+//! a Unix socket and prints the answer as an `ExecCredential`.
+//!
+//! client-go shows a failing plugin only as "exit code 1" plus its stderr in the Kueue log,
+//! so every failure here is exactly one line, `credbroker-shim: <what failed>: <why> (<hint>)`,
+//! with nothing on stdout. The binary is static and small: it is exec'd for every credential.
+
+mod exec_credential;
+
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use credbroker_proto::v1::token_service_client::TokenServiceClient;
+use credbroker_proto::v1::{GetTokenRequest, GetTokenResponse};
+use exec_credential::{exec_credential_json, parse_exec_info};
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Endpoint, Uri};
+
+const DEFAULT_SOCKET: &str = "/var/run/credbroker/broker.sock";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+const SOCKET_ENV: &str = "CREDBROKER_SOCKET";
+const EXEC_INFO_ENV: &str = "KUBERNETES_EXEC_INFO";
+const USAGE: &str = "credbroker-shim --provider NAME [--socket PATH] [--timeout DURATION]";
+
+const HELP: &str = "\
+credbroker-shim: kubeconfig exec plugin that asks the credbroker sidecar for a credential.
+
+Usage: credbroker-shim --provider NAME [--socket PATH] [--timeout DURATION]
+
+Options:
+  --provider NAME      broker provider to ask (providers[].name in the broker config)
+  --socket PATH        broker's Unix socket [env CREDBROKER_SOCKET,
+                       default /var/run/credbroker/broker.sock]
+  --timeout DURATION   give up after this long: 500ms, 30s, 2m, 1h, 1m30s [default 30s]
+  -h, --help           print this help
+  -V, --version        print the version
+
+Reads KUBERNETES_EXEC_INFO (set by client-go) and prints one ExecCredential of the same
+apiVersion on stdout. On failure prints one line on stderr and exits 1.
+";
+
+/// One failure, shown to the operator as a single stderr line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    what: String,
+    why: String,
+    hint: String,
+}
+
+impl Failure {
+    fn new(what: impl Into<String>, why: impl Into<String>, hint: impl Into<String>) -> Self {
+        Failure {
+            what: what.into(),
+            why: why.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// `credbroker-shim: <what>: <why> (<hint>)`, forced onto one line because client-go
+    /// logs the plugin's stderr and the broker's messages could contain newlines.
+    pub fn line(&self) -> String {
+        let line = format!(
+            "credbroker-shim: {}: {} ({})",
+            self.what, self.why, self.hint
+        );
+        line.replace(['\r', '\n'], " ")
+    }
+}
+
+/// A command-line mistake, with the usage as the hint.
+fn usage_error(why: impl Into<String>) -> Failure {
+    Failure::new(
+        "invalid arguments",
+        why,
+        format!("usage: {USAGE}; see --help"),
+    )
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Run(Args),
+    Help,
+    Version,
+}
+
+/// The options of a normal run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Args {
+    pub provider: String,
+    /// `--socket`; `None` falls back to `CREDBROKER_SOCKET`, then the default path.
+    pub socket: Option<PathBuf>,
+    pub timeout: Duration,
+}
+
+/// Parses the arguments after the program name. Accepts `--flag value` and `--flag=value`;
+/// `--help`/`--version` win over everything else; unknown flags, positional arguments and
+/// repeated flags are errors (a kubeconfig typo should fail loudly, not be ignored).
+pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, Failure> {
+    let args = args
+        .into_iter()
+        .map(|a| {
+            a.into_string().map_err(|a| {
+                usage_error(format!(
+                    "argument {:?} is not valid UTF-8",
+                    a.to_string_lossy()
+                ))
+            })
+        })
+        .collect::<Result<Vec<String>, Failure>>()?;
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        return Ok(Command::Help);
+    }
+    if args.iter().any(|a| a == "--version" || a == "-V") {
+        return Ok(Command::Version);
+    }
+
+    let (mut provider, mut socket, mut timeout) = (None, None, None);
+    let mut rest = args.into_iter();
+    while let Some(arg) = rest.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
+            _ => (arg, None),
+        };
+        let slot = match flag.as_str() {
+            "--provider" => &mut provider,
+            "--socket" => &mut socket,
+            "--timeout" => &mut timeout,
+            f if f.starts_with('-') => return Err(usage_error(format!("unknown flag {f}"))),
+            f => return Err(usage_error(format!("unexpected argument {f:?}"))),
+        };
+        let value = match inline.or_else(|| rest.next()) {
+            Some(v) if !v.is_empty() => v,
+            _ => return Err(usage_error(format!("{flag} needs a non-empty value"))),
+        };
+        if slot.replace(value).is_some() {
+            return Err(usage_error(format!("{flag} given more than once")));
+        }
+    }
+
+    let provider = provider.ok_or_else(|| usage_error("missing --provider"))?;
+    let timeout = match timeout {
+        None => DEFAULT_TIMEOUT,
+        Some(t) => {
+            parse_duration(&t).map_err(|why| usage_error(format!("--timeout {t:?}: {why}")))?
+        }
+    };
+    Ok(Command::Run(Args {
+        provider,
+        socket: socket.map(PathBuf::from),
+        timeout,
+    }))
+}
+
+const NOT_A_DURATION: &str = "expected whole numbers followed by ms, s, m or h, like 1m30s";
+
+/// Parses a Go-style duration made of `<integer><unit>` parts, units `ms`, `s`, `m`, `h`
+/// (`500ms`, `30s`, `1m30s`). Zero is refused: it could never succeed.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return Err("empty duration".to_owned());
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let (number, tail) = rest.split_at(digits);
+        let unit_len = tail.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let (unit, tail) = tail.split_at(unit_len);
+        let n: u64 = number.parse().map_err(|_| NOT_A_DURATION.to_owned())?;
+        let part = match unit {
+            "ms" => Some(Duration::from_millis(n)),
+            "s" => Some(Duration::from_secs(n)),
+            "m" => n.checked_mul(60).map(Duration::from_secs),
+            "h" => n.checked_mul(3600).map(Duration::from_secs),
+            "" if tail.is_empty() => return Err(format!("{number} has no unit (ms, s, m or h)")),
+            "" => return Err(NOT_A_DURATION.to_owned()),
+            u => return Err(format!("unknown unit {u:?} (use ms, s, m or h)")),
+        };
+        total = part
+            .and_then(|p| total.checked_add(p))
+            .ok_or("duration too large")?;
+        rest = tail;
+    }
+    if total.is_zero() {
+        return Err("must be more than zero".to_owned());
+    }
+    Ok(total)
+}
+
+/// The socket to dial: `--socket`, else `CREDBROKER_SOCKET` (when set and non-empty), else
+/// the path the sidecar manifests use.
+pub fn resolve_socket(flag: Option<&Path>, env: Option<OsString>) -> PathBuf {
+    match (flag, env) {
+        (Some(path), _) => path.to_path_buf(),
+        (None, Some(env)) if !env.is_empty() => PathBuf::from(env),
+        _ => PathBuf::from(DEFAULT_SOCKET),
+    }
+}
+
+/// Reads `KUBERNETES_EXEC_INFO`; unset is fine (old clients), non-UTF-8 is not.
+fn read_exec_info_env() -> Result<Option<String>, Failure> {
+    match std::env::var(EXEC_INFO_ENV) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(exec_info_failure("not valid UTF-8".to_owned()))
+        }
+    }
+}
+
+fn exec_info_failure(why: String) -> Failure {
+    Failure::new(
+        format!("cannot use {EXEC_INFO_ENV}"),
+        why,
+        "client-go sets it from the kubeconfig exec entry and the ClusterProfile; \
+         check the exec apiVersion (v1 or v1beta1) and the cluster's data",
+    )
+}
+
+/// The whole shim after argument parsing: exec info in, ExecCredential JSON out.
+/// Connecting and the call together never take longer than `args.timeout`.
+pub async fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<String, Failure> {
+    let info = parse_exec_info(exec_info).map_err(exec_info_failure)?;
+    let request = GetTokenRequest {
+        provider: args.provider.clone(),
+        cluster: info.cluster,
+        interactive: info.interactive,
+    };
+    let response = tokio::time::timeout(args.timeout, get_token(socket, request))
+        .await
+        .map_err(|_| {
+            Failure::new(
+                "timed out waiting for the broker",
+                format!(
+                    "no answer from the broker at {} within {:?}",
+                    socket.display(),
+                    args.timeout
+                ),
+                "check the broker's log; raise --timeout if the upstream is slow",
+            )
+        })??;
+    exec_credential_json(info.api_version, &response, unix_now()).map_err(|why| {
+        Failure::new(
+            "unusable answer from the broker",
+            why,
+            "this is a broker bug; check the broker's version and log",
+        )
+    })
+}
+
+/// Seconds since the Unix epoch; a clock before 1970 reads as 0.
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Connects to the broker's Unix socket and makes the one `GetToken` call.
+async fn get_token(socket: &Path, request: GetTokenRequest) -> Result<GetTokenResponse, Failure> {
+    let provider = request.provider.clone();
+    let path = socket.to_path_buf();
+    // The URI only fills `:authority`; "localhost" is what every gRPC server accepts
+    // (h2 rejects a socket path there). The connector ignores it and dials the socket.
+    let channel = Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(TokioIo::new)
+            }
+        }))
+        .await
+        .map_err(|e| {
+            Failure::new(
+                format!("cannot connect to the broker at {}", socket.display()),
+                error_chain(&e),
+                "is the credbroker sidecar running and the socket volume shared with this \
+                 container? set --socket or CREDBROKER_SOCKET",
+            )
+        })?;
+    TokenServiceClient::new(channel)
+        .get_token(request)
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| status_failure(&status, &provider, socket))
+}
+
+/// Turns a failed call into a line that says what the operator should do. Statuses sent
+/// by the broker carry no source error; ones tonic made from a broken connection do.
+fn status_failure(status: &tonic::Status, provider: &str, socket: &Path) -> Failure {
+    let code = code_name(status.code());
+    if let Some(source) = std::error::Error::source(status) {
+        // tonic made this status from a broken connection; its message repeats the source.
+        return Failure::new(
+            format!("GetToken call to the broker at {} failed", socket.display()),
+            format!("{code}: {}", error_chain(source)),
+            "the connection broke; check that the broker is healthy (its log) and that \
+             the socket is credbroker's",
+        );
+    }
+    let why = if status.message().is_empty() {
+        code.to_owned()
+    } else {
+        format!("{code}: {}", status.message())
+    };
+    use tonic::Code;
+    let hint = match status.code() {
+        Code::NotFound => {
+            "unknown provider? check --provider against providers[].name in the broker config"
+        }
+        Code::InvalidArgument => {
+            "check the ClusterProfile's client.authentication.k8s.io/exec extension"
+        }
+        Code::PermissionDenied => {
+            "the broker or the cloud refused this caller/identity; check socket.allowedUids \
+             and the identity's permissions"
+        }
+        Code::Unavailable | Code::DeadlineExceeded => "upstream unavailable; client-go will retry",
+        Code::Unimplemented => "is the socket credbroker's? check the broker's version",
+        _ => "check the broker's log",
+    };
+    Failure::new(
+        format!("the broker could not serve GetToken for provider {provider:?}"),
+        why,
+        hint,
+    )
+}
+
+/// gRPC's canonical code names, as the broker's log and grpcurl print them.
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// An error and its causes joined with ": ". A cause whose text its parent already shows
+/// is left out, and so is tonic's bare "transport error" wrapper when a cause follows.
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        next = e.source();
+        let text = e.to_string();
+        let wrapper = next.is_some() && text == "transport error";
+        if !wrapper && !parts.last().is_some_and(|last| last.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
+/// Resolves the environment, runs on a single-threaded runtime (no worker threads to
+/// start for one call) and returns what to print on stdout.
+fn real_main() -> Result<String, Failure> {
+    let args = match parse_args(std::env::args_os().skip(1))? {
+        Command::Help => return Ok(HELP.to_owned()),
+        Command::Version => return Ok(format!("credbroker-shim {}\n", env!("CARGO_PKG_VERSION"))),
+        Command::Run(args) => args,
+    };
+    let socket = resolve_socket(args.socket.as_deref(), std::env::var_os(SOCKET_ENV));
+    let exec_info = read_exec_info_env()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            Failure::new(
+                "cannot start",
+                format!("tokio runtime: {e}"),
+                "the container may be out of file descriptors or memory",
+            )
+        })?;
+    let json = runtime.block_on(run(&args, &socket, exec_info.as_deref()))?;
+    Ok(json + "\n")
+}
+
+fn main() -> ExitCode {
+    let result = real_main().and_then(|out| {
+        let mut stdout = std::io::stdout().lock();
+        stdout
+            .write_all(out.as_bytes())
+            .and_then(|()| stdout.flush())
+            .map_err(|e| {
+                Failure::new(
+                    "cannot write to stdout",
+                    e.to_string(),
+                    "client-go reads the credential from a pipe; did it stop waiting?",
+                )
+            })
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            // Nothing sensible is left to do if stderr is gone too.
+            let _ = writeln!(std::io::stderr(), "{}", failure.line());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use credbroker_proto::v1::token_service_server::{TokenService, TokenServiceServer};
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    fn run_args(args: &[&str]) -> Args {
+        match parse_args(os(args)).unwrap() {
+            Command::Run(a) => a,
+            other => panic!("expected a run, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn args_space_and_equals_forms() {
+        let want = Args {
+            provider: "eks".into(),
+            socket: Some("/s.sock".into()),
+            timeout: Duration::from_millis(1500),
+        };
+        for args in [
+            &[
+                "--provider",
+                "eks",
+                "--socket",
+                "/s.sock",
+                "--timeout",
+                "1s500ms",
+            ][..],
+            &["--provider=eks", "--socket=/s.sock", "--timeout=1s500ms"],
+            &["--timeout=1s500ms", "--socket", "/s.sock", "--provider=eks"],
+        ] {
+            assert_eq!(run_args(args), want, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn args_defaults_and_values_with_equals() {
+        let a = run_args(&["--provider", "gke"]);
+        assert_eq!(a.socket, None);
+        assert_eq!(a.timeout, DEFAULT_TIMEOUT);
+        // Only the first '=' splits: a path may contain more.
+        assert_eq!(
+            run_args(&["--provider=p", "--socket=/a=b.sock"]).socket,
+            Some(PathBuf::from("/a=b.sock"))
+        );
+    }
+
+    #[test]
+    fn help_and_version_win() {
+        assert_eq!(parse_args(os(&["--help"])).unwrap(), Command::Help);
+        assert_eq!(parse_args(os(&["--bogus", "-h"])).unwrap(), Command::Help);
+        assert_eq!(parse_args(os(&["--version"])).unwrap(), Command::Version);
+        assert_eq!(
+            parse_args(os(&["-V", "--provider"])).unwrap(),
+            Command::Version
+        );
+    }
+
+    #[test]
+    fn bad_args_are_usage_errors() {
+        let cases = [
+            (&[][..], "missing --provider"),
+            (&["--socket", "/s"], "missing --provider"),
+            (&["--provider"], "--provider needs a non-empty value"),
+            (&["--provider="], "--provider needs a non-empty value"),
+            (
+                &["--provider", "a", "--provider", "b"],
+                "--provider given more than once",
+            ),
+            (
+                &["--provider", "a", "--region", "x"],
+                "unknown flag --region",
+            ),
+            (&["--provider=a", "--region=x"], "unknown flag --region"),
+            (&["--provider", "a", "-p"], "unknown flag -p"),
+            (
+                &["--provider", "a", "extra"],
+                "unexpected argument \"extra\"",
+            ),
+            (
+                &["--provider", "a", "--timeout", "30"],
+                "--timeout \"30\": 30 has no unit",
+            ),
+            (
+                &["--provider", "a", "--timeout=0s"],
+                "must be more than zero",
+            ),
+        ];
+        for (args, want) in cases {
+            let f = parse_args(os(args)).unwrap_err();
+            assert_eq!(f.what, "invalid arguments");
+            assert!(
+                f.why.contains(want),
+                "{args:?}: got {:?}, want {want:?}",
+                f.why
+            );
+            assert!(f.hint.contains(USAGE));
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn non_utf8_argument_is_an_error() {
+        use std::os::unix::ffi::OsStringExt as _;
+        let args = vec![OsString::from("--provider"), OsString::from_vec(vec![0xff])];
+        let f = parse_args(args).unwrap_err();
+        assert!(f.why.contains("not valid UTF-8"), "{f:?}");
+    }
+
+    #[test]
+    fn durations() {
+        let ok = [
+            ("500ms", Duration::from_millis(500)),
+            ("30s", Duration::from_secs(30)),
+            ("2m", Duration::from_secs(120)),
+            ("1h", Duration::from_secs(3600)),
+            ("1m30s", Duration::from_secs(90)),
+            ("1h2m3s4ms", Duration::from_millis(3_723_004)),
+            ("0s1ms", Duration::from_millis(1)),
+        ];
+        for (text, want) in ok {
+            assert_eq!(parse_duration(text), Ok(want), "{text}");
+        }
+        let bad = [
+            ("", "empty"),
+            ("30", "no unit"),
+            ("s", "whole number"),
+            ("1.5s", "whole number"),
+            ("-1s", "whole number"),
+            ("10d", "unknown unit \"d\""),
+            ("5 s", "whole number"),
+            ("0ms", "more than zero"),
+            ("99999999999999999999s", "whole number"),
+            ("9999999999999999999h", "too large"),
+        ];
+        for (text, want) in bad {
+            let err = parse_duration(text).unwrap_err();
+            assert!(err.contains(want), "{text}: got {err:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn socket_resolution_order() {
+        let flag = Path::new("/flag.sock");
+        let env = || Some(OsString::from("/env.sock"));
+        assert_eq!(
+            resolve_socket(Some(flag), env()),
+            PathBuf::from("/flag.sock")
+        );
+        assert_eq!(resolve_socket(None, env()), PathBuf::from("/env.sock"));
+        assert_eq!(
+            resolve_socket(None, Some(OsString::new())),
+            PathBuf::from(DEFAULT_SOCKET)
+        );
+        assert_eq!(resolve_socket(None, None), PathBuf::from(DEFAULT_SOCKET));
+    }
+
+    #[test]
+    fn failure_line_is_one_line() {
+        let f = Failure::new("what", "broker said:\nline two\r\n", "do this");
+        assert_eq!(
+            f.line(),
+            "credbroker-shim: what: broker said: line two   (do this)"
+        );
+    }
+
+    #[test]
+    fn status_codes_get_hints() {
+        let socket = Path::new("/s.sock");
+        let cases = [
+            (tonic::Code::NotFound, "providers[].name"),
+            (
+                tonic::Code::InvalidArgument,
+                "client.authentication.k8s.io/exec extension",
+            ),
+            (tonic::Code::PermissionDenied, "socket.allowedUids"),
+            (tonic::Code::Unavailable, "client-go will retry"),
+            (tonic::Code::DeadlineExceeded, "client-go will retry"),
+            (tonic::Code::Internal, "broker's log"),
+        ];
+        for (code, hint) in cases {
+            let f = status_failure(
+                &tonic::Status::new(code, "provider \"p\", cluster \"c\""),
+                "p",
+                socket,
+            );
+            assert_eq!(
+                f.what,
+                "the broker could not serve GetToken for provider \"p\""
+            );
+            assert_eq!(
+                f.why,
+                format!("{}: provider \"p\", cluster \"c\"", code_name(code))
+            );
+            assert!(f.hint.contains(hint), "{code:?}: {}", f.hint);
+        }
+        let f = status_failure(&tonic::Status::new(tonic::Code::Internal, ""), "p", socket);
+        assert_eq!(f.why, "INTERNAL");
+    }
+
+    #[derive(Debug)]
+    struct Chained(&'static str, Option<Box<Chained>>);
+
+    impl std::fmt::Display for Chained {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Chained {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn error_chain_skips_wrappers_and_repeats() {
+        let root = Chained("Broken pipe (os error 32)", None);
+        let hyper = Chained("connection error", Some(Box::new(root)));
+        let tonic = Chained("transport error", Some(Box::new(hyper)));
+        assert_eq!(
+            error_chain(&tonic),
+            "connection error: Broken pipe (os error 32)"
+        );
+        let inner = Chained("refused", None);
+        let outer = Chained("connect: refused", Some(Box::new(inner)));
+        assert_eq!(error_chain(&outer), "connect: refused");
+        assert_eq!(
+            error_chain(&Chained("transport error", None)),
+            "transport error"
+        );
+    }
+
+    // ---- against a fake broker on a temporary socket ----
+
+    #[derive(Clone, Copy, Debug)]
+    enum Behaviour {
+        Token,
+        NotFound,
+        Hang,
+    }
+
+    #[derive(Debug)]
+    struct FakeBroker {
+        behaviour: Behaviour,
+        seen: Arc<Mutex<Option<GetTokenRequest>>>,
+    }
+
+    #[tonic::async_trait]
+    impl TokenService for FakeBroker {
+        async fn get_token(
+            &self,
+            request: tonic::Request<GetTokenRequest>,
+        ) -> Result<tonic::Response<GetTokenResponse>, tonic::Status> {
+            let request = request.into_inner();
+            let provider = request.provider.clone();
+            *self.seen.lock().unwrap() = Some(request);
+            match self.behaviour {
+                Behaviour::Token => Ok(tonic::Response::new(GetTokenResponse {
+                    token: "tok-123".into(),
+                    expiration_time: Some(prost_types::Timestamp {
+                        seconds: unix_now() + 3600,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                })),
+                Behaviour::NotFound => Err(tonic::Status::not_found(format!(
+                    "unknown provider {provider:?}\n(configured: eks, gke)"
+                ))),
+                Behaviour::Hang => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Serves a fake broker on a socket in a fresh temp dir (kept alive by the returned guard).
+    fn start_fake(
+        behaviour: Behaviour,
+    ) -> (
+        tempfile::TempDir,
+        PathBuf,
+        Arc<Mutex<Option<GetTokenRequest>>>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("broker.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let seen = Arc::new(Mutex::new(None));
+        let service = TokenServiceServer::new(FakeBroker {
+            behaviour,
+            seen: seen.clone(),
+        });
+        tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(
+            service,
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+        ));
+        (dir, socket, seen)
+    }
+
+    fn args(timeout: Duration) -> Args {
+        Args {
+            provider: "eks".into(),
+            socket: None,
+            timeout,
+        }
+    }
+
+    #[tokio::test]
+    async fn token_for_v1_with_cluster() {
+        let (_dir, socket, seen) = start_fake(Behaviour::Token);
+        let info = r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential",
+            "spec":{"interactive":false,"cluster":{"server":"https://c1:6443",
+            "certificate-authority-data":"UEVN","config":{"clusterName":"c1","port":443}}}}"#;
+        let out = run(&args(DEFAULT_TIMEOUT), &socket, Some(info))
+            .await
+            .unwrap();
+
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(doc["apiVersion"], "client.authentication.k8s.io/v1");
+        assert_eq!(doc["kind"], "ExecCredential");
+        assert_eq!(doc["status"]["token"], "tok-123");
+        let stamp = doc["status"]["expirationTimestamp"].as_str().unwrap();
+        assert_eq!(
+            stamp,
+            exec_credential::rfc3339_utc(unix_now() + 3600).unwrap()
+        );
+
+        let req = seen.lock().unwrap().clone().unwrap();
+        assert_eq!(req.provider, "eks");
+        let cluster = req.cluster.unwrap();
+        assert_eq!(cluster.server, "https://c1:6443");
+        assert_eq!(cluster.certificate_authority_data, b"PEM");
+        let config = cluster.config.unwrap();
+        assert_eq!(
+            config.fields["port"].kind,
+            Some(prost_types::value::Kind::NumberValue(443.0))
+        );
+    }
+
+    #[tokio::test]
+    async fn token_for_v1beta1_and_absent_exec_info() {
+        let (_dir, socket, seen) = start_fake(Behaviour::Token);
+        let info = r#"{"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential","spec":{}}"#;
+        for exec_info in [Some(info), None] {
+            let out = run(&args(DEFAULT_TIMEOUT), &socket, exec_info)
+                .await
+                .unwrap();
+            let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(doc["apiVersion"], "client.authentication.k8s.io/v1beta1");
+            assert_eq!(doc["status"]["token"], "tok-123");
+            assert_eq!(seen.lock().unwrap().clone().unwrap().cluster, None);
+        }
+    }
+
+    #[tokio::test]
+    async fn not_found_names_the_provider_and_hints() {
+        let (_dir, socket, _) = start_fake(Behaviour::NotFound);
+        let f = run(&args(DEFAULT_TIMEOUT), &socket, None)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            f.line(),
+            "credbroker-shim: the broker could not serve GetToken for provider \"eks\": NOT_FOUND: \
+             unknown provider \"eks\" (configured: eks, gke) (unknown provider? check --provider \
+             against providers[].name in the broker config)"
+        );
+    }
+
+    #[tokio::test]
+    async fn hung_broker_times_out_within_the_bound() {
+        let (_dir, socket, _) = start_fake(Behaviour::Hang);
+        let started = Instant::now();
+        let f = run(&args(Duration::from_millis(300)), &socket, None)
+            .await
+            .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(f.what, "timed out waiting for the broker");
+        assert_eq!(
+            f.why,
+            format!(
+                "no answer from the broker at {} within 300ms",
+                socket.display()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn silent_listener_times_out_within_the_bound() {
+        // Accepts connections but never speaks HTTP/2 at all.
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("silent.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let started = Instant::now();
+        let f = run(&args(Duration::from_millis(300)), &socket, None)
+            .await
+            .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(f.what, "timed out waiting for the broker");
+    }
+
+    #[tokio::test]
+    async fn closed_connection_is_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("closing.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                drop(stream);
+            }
+        });
+        let f = run(&args(Duration::from_secs(5)), &socket, None)
+            .await
+            .unwrap_err();
+        let line = f.line();
+        // Depending on timing the handshake or the call sees the close first.
+        assert!(
+            f.what.starts_with("GetToken call to the broker at")
+                || f.what.starts_with("cannot connect to the broker at"),
+            "{line}"
+        );
+        assert!(!line.contains("transport error"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.contains(&socket.display().to_string()), "{line}");
+    }
+
+    #[tokio::test]
+    async fn missing_socket_says_how_to_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("nope.sock");
+        let f = run(&args(DEFAULT_TIMEOUT), &socket, None)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            f.what,
+            format!("cannot connect to the broker at {}", socket.display())
+        );
+        assert_eq!(f.why, "No such file or directory (os error 2)");
+        assert!(f.hint.contains("CREDBROKER_SOCKET"), "{}", f.hint);
+    }
+
+    #[tokio::test]
+    async fn bad_exec_info_fails_before_connecting() {
+        let f = run(&args(DEFAULT_TIMEOUT), Path::new("/nope.sock"), Some("{"))
+            .await
+            .unwrap_err();
+        assert_eq!(f.what, "cannot use KUBERNETES_EXEC_INFO");
+        assert!(f.why.starts_with("not valid JSON"), "{}", f.why);
+    }
+}
