@@ -11,10 +11,16 @@ use std::time::SystemTime;
 use crate::config::{ProviderConfig, ProviderKind};
 use crate::request::TokenRequest;
 
+#[cfg(feature = "aws")]
+pub mod aws;
+#[cfg(feature = "azure")]
+pub mod azure;
 pub mod exec;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod file;
+#[cfg(feature = "gcp")]
+pub mod gcp;
 pub mod unbuilt;
 
 /// A boxed future, so providers stay object-safe behind `Arc<dyn Provider>`.
@@ -129,13 +135,32 @@ pub trait Provider: Send + Sync + fmt::Debug {
     }
 }
 
-/// Builds the provider a config entry describes.
+/// Builds the provider a config entry describes. Cheap and infallible: providers that need
+/// I/O to set up (cloud credential chains) do it on their first fetch, so a broker with a
+/// cloud it cannot reach yet still starts and serves the others.
 pub fn build(config: &ProviderConfig) -> Arc<dyn Provider> {
-    match (config.kind, &config.exec, &config.file) {
-        (ProviderKind::Exec, Some(exec), _) => Arc::new(exec::ExecProvider::new(exec.clone())),
-        (ProviderKind::File, _, Some(file)) => Arc::new(file::FileProvider::new(file.clone())),
-        (kind, _, _) => Arc::new(unbuilt::Unbuilt::new(&config.name, kind)),
+    match config.kind {
+        ProviderKind::Exec => match &config.exec {
+            Some(exec) => Arc::new(exec::ExecProvider::new(exec.clone())),
+            None => unbuilt(config),
+        },
+        ProviderKind::File => match &config.file {
+            Some(file) => Arc::new(file::FileProvider::new(file.clone())),
+            None => unbuilt(config),
+        },
+        #[cfg(feature = "aws")]
+        ProviderKind::Aws => aws::build(config),
+        #[cfg(feature = "gcp")]
+        ProviderKind::Gcp => gcp::build(config),
+        #[cfg(feature = "azure")]
+        ProviderKind::Azure => azure::build(config),
+        #[allow(unreachable_patterns)] // with every feature on, only kubernetesSecret lands here
+        _ => unbuilt(config),
     }
+}
+
+fn unbuilt(config: &ProviderConfig) -> Arc<dyn Provider> {
+    Arc::new(unbuilt::Unbuilt::new(&config.name, config.kind))
 }
 
 #[cfg(test)]

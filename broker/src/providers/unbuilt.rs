@@ -1,6 +1,6 @@
-//! Placeholder for provider types whose implementation has not landed in this build
-//! (aws, gcp, azure, kubernetesSecret): the config is accepted and validated, and every
-//! request gets a clear UNIMPLEMENTED error instead of a start-up failure.
+//! Placeholder for provider types this build lacks (not implemented yet, or its Cargo
+//! feature turned off): the config is still accepted and validated, and every request gets
+//! a clear UNIMPLEMENTED error instead of the broker refusing to start.
 
 use crate::config::ProviderKind;
 use crate::request::TokenRequest;
@@ -23,7 +23,7 @@ impl Unbuilt {
 
     fn error(&self) -> ProviderError {
         ProviderError::Unimplemented(format!(
-            "provider type {} (provider {:?}) is not available in credbroker {} yet; use an exec provider wrapping a plugin meanwhile",
+            "provider type {} (provider {:?}) is not available in this credbroker build ({}); use a build that has it, or an exec provider wrapping a plugin",
             self.kind,
             self.name,
             env!("CARGO_PKG_VERSION")
