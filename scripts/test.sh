@@ -37,6 +37,14 @@ have grpcurl || die "grpcurl is missing and could not be installed"
 have readelf || apt_install binutils
 have readelf || die "readelf (binutils) is missing and could not be installed"
 have chroot || die "chroot (coreutils) is missing"
+# AWS: moto's server stands in for STS; botocore (with the AWS CLI) computes reference signatures.
+python3 -c 'import moto.server, flask' 2>/dev/null || pip_install 'moto[server]'
+python3 -c 'import moto.server, flask' 2>/dev/null || die "moto[server] could not be installed"
+python3 -c 'import botocore, awscli' 2>/dev/null || pip_install awscli
+python3 -c 'import botocore' 2>/dev/null || die "botocore (awscli) could not be installed"
+# GCP: the fake token endpoint verifies RS256 assertions with the openssl CLI.
+have openssl || apt_install openssl
+have openssl || die "openssl is missing and could not be installed"
 printf 'kubectl: %s\ngrpcurl: %s\n' "$(kubectl version --client 2>/dev/null | head -1)" "$(grpcurl -version 2>&1)"
 
 say "format and lints"

@@ -177,32 +177,627 @@ impl fmt::Display for ProviderKind {
     }
 }
 
+/// `type: aws`: EKS tokens signed with credentials from the AWS SDK's default chain,
+/// optionally through an assumed role. Every key is a default a cluster's exec extension
+/// may override (`region`, `roleArn`, `externalId`, `sessionName`), except `stsEndpoint`.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AwsConfig {
+    /// Region of the clusters' STS endpoint, when a cluster names none.
     pub region: Option<String>,
+    /// Role to assume (with the chain's credentials) before signing.
     pub role_arn: Option<String>,
+    /// `ExternalId` for AssumeRole, when the role's trust policy requires one.
     pub external_id: Option<String>,
+    /// `RoleSessionName` for AssumeRole (shows up in CloudTrail).
     pub session_name: Option<String>,
-    pub sts_endpoint: Option<String>,
+    /// Which STS host the token names (default regional).
+    pub sts_endpoint: Option<AwsStsEndpoint>,
 }
 
+/// Which STS endpoint an EKS token is presigned for.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum AwsStsEndpoint {
+    /// `sts.<region>.amazonaws.com`: what `aws eks get-token` uses, and the only kind that
+    /// works in opt-in regions.
+    #[default]
+    Regional,
+    /// `sts.amazonaws.com` (signed for us-east-1), for authenticators configured for it only.
+    Global,
+}
+
+/// IAM's limits for `RoleSessionName` and `ExternalId` (AssumeRole API reference).
+const AWS_SESSION_NAME_LEN: std::ops::RangeInclusive<usize> = 2..=64;
+const AWS_EXTERNAL_ID_LEN: std::ops::RangeInclusive<usize> = 2..=1224;
+/// Longest region name in use is 14 characters (ap-southeast-1); room for future ones.
+const AWS_REGION_MAX_LEN: usize = 32;
+
+impl AwsConfig {
+    fn validate(&self) -> Result<(), (String, String)> {
+        let checks = [
+            (
+                "region",
+                self.region.as_deref(),
+                Self::check_region as fn(&str) -> _,
+            ),
+            ("roleArn", self.role_arn.as_deref(), Self::check_role_arn),
+            (
+                "externalId",
+                self.external_id.as_deref(),
+                Self::check_external_id,
+            ),
+            (
+                "sessionName",
+                self.session_name.as_deref(),
+                Self::check_session_name,
+            ),
+        ];
+        for (field, value, check) in checks {
+            if let Some(value) = value {
+                check(value).map_err(|m| (field.to_owned(), m))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A region name such as `us-west-2`. It becomes part of a host name, so nothing else.
+    pub fn check_region(region: &str) -> Result<(), String> {
+        let ok = !region.is_empty()
+            && region.len() <= AWS_REGION_MAX_LEN
+            && region
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !region.starts_with('-')
+            && !region.ends_with('-');
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "{region:?} is not an AWS region name like us-west-2"
+            ))
+        }
+    }
+
+    /// An IAM role ARN: `arn:<partition>:iam::<12-digit account>:role/<path/name>`.
+    pub fn check_role_arn(arn: &str) -> Result<(), String> {
+        let parts: Vec<&str> = arn.splitn(6, ':').collect();
+        let ok = parts.len() == 6
+            && parts[0] == "arn"
+            && !parts[1].is_empty()
+            && parts[2] == "iam"
+            && parts[3].is_empty()
+            && parts[4].len() == 12
+            && parts[4].bytes().all(|b| b.is_ascii_digit())
+            && parts[5].len() > "role/".len()
+            && parts[5].starts_with("role/");
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "{arn:?} is not an IAM role ARN like arn:aws:iam::111122223333:role/name"
+            ))
+        }
+    }
+
+    /// IAM's rule for `ExternalId`: 2–1224 of `[\w+=,.@:/-]`.
+    pub fn check_external_id(id: &str) -> Result<(), String> {
+        if AWS_EXTERNAL_ID_LEN.contains(&id.len()) && id.bytes().all(|b| iam_char(b, b":/")) {
+            Ok(())
+        } else {
+            // The value may be a shared secret with the role's owner: never echo it.
+            Err("must be 2 to 1224 characters of letters, digits and +=,.@:/-_".into())
+        }
+    }
+
+    /// IAM's rule for `RoleSessionName`: 2–64 of `[\w+=,.@-]`.
+    pub fn check_session_name(name: &str) -> Result<(), String> {
+        if AWS_SESSION_NAME_LEN.contains(&name.len()) && name.bytes().all(|b| iam_char(b, b"")) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{name:?} is not a session name: 2 to 64 characters of letters, digits and +=,.@-_"
+            ))
+        }
+    }
+}
+
+/// A character IAM allows in names and ids: `[\w+=,.@-]` plus `extra`.
+fn iam_char(b: u8, extra: &[u8]) -> bool {
+    b.is_ascii_alphanumeric() || b"_+=,.@-".contains(&b) || extra.contains(&b)
+}
+
+/// `type: gcp`. Every field is optional: with none, Application Default Credentials and the
+/// scopes `gke-gcloud-auth-plugin` asks for.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GcpConfig {
+    /// OAuth2 scopes of the token; default cloud-platform and userinfo.email.
     pub scopes: Option<Vec<String>>,
+    /// Service account whose token is handed out, bought with the ADC identity's token
+    /// (IAM Credentials `generateAccessToken`).
     pub impersonate_service_account: Option<String>,
+    /// Impersonation chain between the ADC identity and `impersonateServiceAccount`.
     pub delegates: Option<Vec<String>>,
+    /// A credentials JSON file (service-account key, external_account, ...) used instead of
+    /// the ADC search; e.g. a mounted Secret.
+    pub credentials_file: Option<PathBuf>,
+    /// Base URL of IAM Credentials for `impersonateServiceAccount` (Private Service Connect,
+    /// sovereign clouds); default `https://iamcredentials.googleapis.com`.
+    pub iam_credentials_endpoint: Option<String>,
 }
 
+impl GcpConfig {
+    /// Checks the fields; the returned path is relative to the `gcp` section.
+    fn validate(&self) -> Result<(), (String, String)> {
+        if let Some(scopes) = &self.scopes {
+            if scopes.is_empty() {
+                return Err((
+                    "scopes".into(),
+                    "must list at least one scope, or be left out for the defaults".into(),
+                ));
+            }
+            for (i, scope) in scopes.iter().enumerate() {
+                if scope.is_empty() || scope.chars().any(char::is_whitespace) {
+                    return Err((
+                        format!("scopes[{i}]"),
+                        format!(
+                            "{scope:?} is not a scope: one non-empty word without spaces, like https://www.googleapis.com/auth/cloud-platform"
+                        ),
+                    ));
+                }
+            }
+        }
+        let is_sa_email = |s: &str| {
+            let parts: Vec<&str> = s.split('@').collect();
+            parts.len() == 2
+                && !parts[0].is_empty()
+                && parts[1].contains('.')
+                && !s.contains(['/', ':', ' '])
+        };
+        if let Some(target) = &self.impersonate_service_account
+            && !is_sa_email(target)
+        {
+            return Err((
+                "impersonateServiceAccount".into(),
+                format!(
+                    "{target:?} is not a service account email like kueue@my-project.iam.gserviceaccount.com"
+                ),
+            ));
+        }
+        if let Some(delegates) = &self.delegates {
+            if self.impersonate_service_account.is_none() {
+                return Err((
+                    "delegates".into(),
+                    "delegates only apply with impersonateServiceAccount".into(),
+                ));
+            }
+            for (i, d) in delegates.iter().enumerate() {
+                let email = d.strip_prefix("projects/-/serviceAccounts/").unwrap_or(d);
+                if !is_sa_email(email) {
+                    return Err((
+                        format!("delegates[{i}]"),
+                        format!("{d:?} is not a service account email"),
+                    ));
+                }
+            }
+        }
+        if let Some(path) = &self.credentials_file
+            && !path.is_absolute()
+        {
+            return Err((
+                "credentialsFile".into(),
+                format!("must be an absolute path, got {path:?}"),
+            ));
+        }
+        if let Some(url) = &self.iam_credentials_endpoint {
+            let rest = url
+                .strip_prefix("https://")
+                .or_else(|| url.strip_prefix("http://"));
+            if rest.is_none_or(|r| r.is_empty() || r.contains(['?', '#', ' '])) {
+                return Err((
+                    "iamCredentialsEndpoint".into(),
+                    format!("{url:?} is not a base URL like https://iamcredentials.googleapis.com"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod gcp_config_tests {
+    use super::*;
+
+    fn gcp(section: &str) -> Result<Config, String> {
+        let text = format!("providers:\n  - name: gke\n    type: gcp\n    gcp: {section}\n");
+        Config::parse(&text, "t.yaml").map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn gcp_fields_parse() {
+        let config = gcp(
+            "{scopes: [a, b], impersonateServiceAccount: kueue@p.iam.gserviceaccount.com, \
+             delegates: [d@p.iam.gserviceaccount.com], credentialsFile: /var/run/gcp/key.json, \
+             iamCredentialsEndpoint: \"http://127.0.0.1:8080\"}",
+        )
+        .unwrap();
+        let g = config.providers[0].gcp.clone().unwrap();
+        assert_eq!(g.scopes.unwrap(), ["a", "b"]);
+        assert_eq!(
+            g.credentials_file.unwrap(),
+            Path::new("/var/run/gcp/key.json")
+        );
+        assert_eq!(g.iam_credentials_endpoint.unwrap(), "http://127.0.0.1:8080");
+        // No section at all is fine: ADC with the default scopes.
+        Config::parse("providers:\n  - {name: gke, type: gcp}\n", "t").unwrap();
+    }
+
+    #[test]
+    fn gcp_fields_are_validated() {
+        let cases = [
+            ("{scopes: []}", "providers[0].gcp.scopes: must list"),
+            ("{scopes: [\"a b\"]}", "providers[0].gcp.scopes[0]"),
+            (
+                "{impersonateServiceAccount: kueue}",
+                "providers[0].gcp.impersonateServiceAccount",
+            ),
+            (
+                "{delegates: [d@p.iam.gserviceaccount.com]}",
+                "providers[0].gcp.delegates: delegates only apply",
+            ),
+            (
+                "{impersonateServiceAccount: a@p.iam.gserviceaccount.com, delegates: [nope]}",
+                "providers[0].gcp.delegates[0]",
+            ),
+            (
+                "{credentialsFile: key.json}",
+                "providers[0].gcp.credentialsFile: must be an absolute path",
+            ),
+            (
+                "{iamCredentialsEndpoint: iam.example}",
+                "providers[0].gcp.iamCredentialsEndpoint",
+            ),
+            ("{scope: [a]}", "providers[0].gcp.scope"),
+        ];
+        for (section, want) in cases {
+            let e = gcp(section).unwrap_err();
+            assert!(e.contains(want), "{section}: got {e:?}, want {want:?}");
+        }
+        // Delegates may be written as resource names too.
+        gcp("{impersonateServiceAccount: a@p.iam.gserviceaccount.com, delegates: [\"projects/-/serviceAccounts/d@p.iam.gserviceaccount.com\"]}").unwrap();
+    }
+}
+/// `type: azure`: Entra ID (AAD) tokens for AKS clusters with Entra ID integration. Every
+/// key is optional: with none, `credential: auto` on the pod's environment and the AKS AAD
+/// server application as the audience. `serverId` and `tenantId` are defaults a cluster's
+/// exec extension may override.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AzureConfig {
+    /// Application id of the cluster's API server; the token's scope is `<serverId>/.default`.
+    /// Default: the AKS AAD server application shared by every AKS-managed Entra ID cluster.
     pub server_id: Option<String>,
+    /// Tenant the token is issued in; default `AZURE_TENANT_ID`.
     pub tenant_id: Option<String>,
-    pub credential: Option<String>,
+    /// Where the identity comes from; default `auto`.
+    pub credential: Option<AzureCredential>,
+    /// Application (client) id of the workload identity or service principal, or the client
+    /// id of a user-assigned managed identity; default `AZURE_CLIENT_ID`.
     pub client_id: Option<String>,
+    /// Azure resource id of a user-assigned managed identity (instead of `clientId`).
+    pub managed_identity_resource_id: Option<String>,
+    /// Entra ID host for sovereign and private clouds, e.g. `https://login.microsoftonline.us`;
+    /// default `AZURE_AUTHORITY_HOST`, else the public cloud.
     pub authority_host: Option<String>,
+    /// Projected service account token for workload identity; default `AZURE_FEDERATED_TOKEN_FILE`.
+    pub federated_token_file: Option<PathBuf>,
+    /// PEM file with the service principal's certificate and unencrypted RSA key; default
+    /// `AZURE_CLIENT_CERTIFICATE_PATH`.
+    pub client_certificate_path: Option<PathBuf>,
+}
+
+/// Which Azure credential a provider uses.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum AzureCredential {
+    /// Workload identity when its environment is there, else managed identity when the host
+    /// has one, else a service principal from the environment (DefaultAzureCredential's
+    /// non-interactive sources, in the order that suits a pod).
+    #[default]
+    Auto,
+    WorkloadIdentity,
+    ManagedIdentity,
+    ClientSecret,
+    ClientCertificate,
+    AzureCli,
+}
+
+impl AzureCredential {
+    /// The name used in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::WorkloadIdentity => "workloadIdentity",
+            Self::ManagedIdentity => "managedIdentity",
+            Self::ClientSecret => "clientSecret",
+            Self::ClientCertificate => "clientCertificate",
+            Self::AzureCli => "azureCli",
+        }
+    }
+}
+
+impl fmt::Display for AzureCredential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl AzureConfig {
+    /// Checks the fields; the returned path is relative to the `azure` section.
+    fn validate(&self) -> Result<(), (String, String)> {
+        use AzureCredential as C;
+        let credential = self.credential.unwrap_or_default();
+        let checks = [
+            (
+                "serverId",
+                self.server_id.as_deref(),
+                Self::check_server_id as fn(&str) -> _,
+            ),
+            ("tenantId", self.tenant_id.as_deref(), Self::check_tenant_id),
+            ("clientId", self.client_id.as_deref(), Self::check_client_id),
+            (
+                "authorityHost",
+                self.authority_host.as_deref(),
+                Self::check_authority_host,
+            ),
+        ];
+        for (field, value, check) in checks {
+            if let Some(value) = value {
+                check(value).map_err(|m| (field.to_owned(), m))?;
+            }
+        }
+        if let Some(id) = &self.managed_identity_resource_id {
+            let ok = id.len() > "/subscriptions/".len()
+                && id[.."/subscriptions/".len()].eq_ignore_ascii_case("/subscriptions/")
+                && !id.chars().any(char::is_whitespace);
+            if !ok {
+                return Err((
+                    "managedIdentityResourceId".into(),
+                    format!(
+                        "{id:?} is not an Azure resource id like /subscriptions/<id>/resourceGroups/<group>/providers/Microsoft.ManagedIdentity/userAssignedIdentities/<name>"
+                    ),
+                ));
+            }
+            if !matches!(credential, C::Auto | C::ManagedIdentity) {
+                return Err((
+                    "managedIdentityResourceId".into(),
+                    format!(
+                        "only applies to credential managedIdentity (or auto), not {credential}"
+                    ),
+                ));
+            }
+            if self.client_id.is_some() {
+                return Err((
+                    "managedIdentityResourceId".into(),
+                    "name a user-assigned identity by clientId or by managedIdentityResourceId, not both".into(),
+                ));
+            }
+        }
+        let files = [
+            (
+                "federatedTokenFile",
+                &self.federated_token_file,
+                C::WorkloadIdentity,
+            ),
+            (
+                "clientCertificatePath",
+                &self.client_certificate_path,
+                C::ClientCertificate,
+            ),
+        ];
+        for (field, path, owner) in files {
+            let Some(path) = path else { continue };
+            if !path.is_absolute() {
+                return Err((
+                    field.into(),
+                    format!("must be an absolute path, got {path:?}"),
+                ));
+            }
+            if credential != owner && credential != C::Auto {
+                return Err((
+                    field.into(),
+                    format!("only applies to credential {owner} (or auto), not {credential}"),
+                ));
+            }
+        }
+        // A managed identity gets tokens from its own tenant only: a tenant here would be
+        // silently ignored and the API server would refuse the token.
+        if credential == C::ManagedIdentity && self.tenant_id.is_some() {
+            return Err((
+                "tenantId".into(),
+                "a managed identity always gets tokens from its own tenant; remove tenantId or use workloadIdentity, clientSecret or clientCertificate".into(),
+            ));
+        }
+        if credential == C::AzureCli && self.client_id.is_some() {
+            return Err((
+                "clientId".into(),
+                "credential azureCli uses the account `az login` signed in; remove clientId".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// An application id (or app id URI) whose `/.default` scope the token is for.
+    pub fn check_server_id(id: &str) -> Result<(), String> {
+        if id.ends_with("/.default") {
+            return Err(format!(
+                "{id:?} is a scope; give the application id alone (the broker adds /.default)"
+            ));
+        }
+        // azure_identity's scope rule: letters, digits and `.-_:/`.
+        let ok = !id.is_empty()
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '/'));
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "{id:?} is not an application id like 6dae42f8-4368-4678-94ff-3960e28e3630"
+            ))
+        }
+    }
+
+    /// A tenant id (GUID) or domain; it becomes part of the token endpoint's path.
+    pub fn check_tenant_id(id: &str) -> Result<(), String> {
+        let ok = !id.is_empty()
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-'));
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "{id:?} is not a tenant id (a GUID) or a tenant domain like contoso.onmicrosoft.com"
+            ))
+        }
+    }
+
+    /// An application (client) id; goes into request bodies and query strings.
+    pub fn check_client_id(id: &str) -> Result<(), String> {
+        let ok = !id.is_empty()
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "{id:?} is not a client id like 00000000-0000-0000-0000-000000000000"
+            ))
+        }
+    }
+
+    /// `https://host[:port]` and nothing else: Entra ID's token path is appended to it.
+    pub fn check_authority_host(url: &str) -> Result<(), String> {
+        let host = url
+            .strip_prefix("https://")
+            .map(|r| r.trim_end_matches('/'));
+        if host.is_some_and(|h| !h.is_empty() && !h.contains(['/', '?', '#', ' ', '@'])) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{url:?} is not an https authority host like https://login.microsoftonline.com"
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod azure_config_tests {
+    use super::*;
+
+    fn azure(section: &str) -> Result<AzureConfig, String> {
+        let text = format!("providers:\n  - name: aks\n    type: azure\n    azure: {section}\n");
+        Config::parse(&text, "t.yaml")
+            .map(|c| c.providers[0].azure.clone().unwrap_or_default())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn azure_fields_parse() {
+        let a = azure(
+            "{serverId: 6dae42f8-4368-4678-94ff-3960e28e3630, tenantId: contoso.onmicrosoft.com, \
+             credential: workloadIdentity, clientId: 11111111-2222-3333-4444-555555555555, \
+             authorityHost: \"https://login.microsoftonline.us/\", federatedTokenFile: /var/run/t}",
+        )
+        .unwrap();
+        assert_eq!(a.credential, Some(AzureCredential::WorkloadIdentity));
+        assert_eq!(a.tenant_id.as_deref(), Some("contoso.onmicrosoft.com"));
+        assert_eq!(a.federated_token_file.unwrap(), Path::new("/var/run/t"));
+        for (name, want) in [
+            ("auto", AzureCredential::Auto),
+            ("managedIdentity", AzureCredential::ManagedIdentity),
+            ("clientSecret", AzureCredential::ClientSecret),
+            ("clientCertificate", AzureCredential::ClientCertificate),
+            ("azureCli", AzureCredential::AzureCli),
+        ] {
+            assert_eq!(
+                azure(&format!("{{credential: {name}}}"))
+                    .unwrap()
+                    .credential,
+                Some(want)
+            );
+            assert_eq!(want.as_str(), name);
+        }
+        let mi = azure("{credential: managedIdentity, managedIdentityResourceId: /subscriptions/s/resourceGroups/g/providers/Microsoft.ManagedIdentity/userAssignedIdentities/kueue}").unwrap();
+        assert!(mi.managed_identity_resource_id.is_some());
+        // No section at all is fine: auto, the AKS server application.
+        Config::parse("providers:\n  - {name: aks, type: azure}\n", "t").unwrap();
+    }
+
+    #[test]
+    fn azure_fields_are_validated() {
+        let cases = [
+            (
+                "{credential: kubelogin}",
+                "providers[0].azure.credential: unknown variant `kubelogin`",
+            ),
+            (
+                "{serverId: \"x/.default\"}",
+                "providers[0].azure.serverId: \"x/.default\" is a scope",
+            ),
+            ("{serverId: \"a b\"}", "providers[0].azure.serverId"),
+            ("{tenantId: \"t/../x\"}", "providers[0].azure.tenantId"),
+            ("{clientId: \"a&b=c\"}", "providers[0].azure.clientId"),
+            (
+                "{authorityHost: \"http://login.example\"}",
+                "providers[0].azure.authorityHost",
+            ),
+            (
+                "{authorityHost: \"https://login.example/tenant\"}",
+                "providers[0].azure.authorityHost",
+            ),
+            (
+                "{federatedTokenFile: token}",
+                "providers[0].azure.federatedTokenFile: must be an absolute path",
+            ),
+            (
+                "{credential: clientSecret, federatedTokenFile: /t}",
+                "providers[0].azure.federatedTokenFile: only applies to credential workloadIdentity",
+            ),
+            (
+                "{credential: workloadIdentity, clientCertificatePath: /c.pem}",
+                "providers[0].azure.clientCertificatePath: only applies to credential clientCertificate",
+            ),
+            (
+                "{managedIdentityResourceId: kueue}",
+                "providers[0].azure.managedIdentityResourceId",
+            ),
+            (
+                "{clientId: a, managedIdentityResourceId: /subscriptions/s/x}",
+                "not both",
+            ),
+            (
+                "{credential: clientSecret, managedIdentityResourceId: /subscriptions/s/x}",
+                "only applies to credential managedIdentity",
+            ),
+            (
+                "{credential: managedIdentity, tenantId: t}",
+                "providers[0].azure.tenantId: a managed identity always gets tokens from its own tenant",
+            ),
+            (
+                "{credential: azureCli, clientId: c}",
+                "providers[0].azure.clientId",
+            ),
+            ("{scope: x}", "providers[0].azure.scope"),
+        ];
+        for (section, want) in cases {
+            let e = azure(section).unwrap_err();
+            assert!(e.contains(want), "{section}: got {e:?}, want {want:?}");
+        }
+    }
 }
 
 /// Wraps an existing kubeconfig exec plugin, adding the cache and single-flight.
@@ -445,6 +1040,18 @@ impl ProviderConfig {
                 })?;
                 file.validate().map_err(|(f, m)| (format!("file.{f}"), m))
             }
+            ProviderKind::Aws => match &self.aws {
+                Some(aws) => aws.validate().map_err(|(f, m)| (format!("aws.{f}"), m)),
+                None => Ok(()),
+            },
+            ProviderKind::Gcp => match &self.gcp {
+                Some(gcp) => gcp.validate().map_err(|(f, m)| (format!("gcp.{f}"), m)),
+                None => Ok(()),
+            },
+            ProviderKind::Azure => match &self.azure {
+                Some(azure) => azure.validate().map_err(|(f, m)| (format!("azure.{f}"), m)),
+                None => Ok(()),
+            },
             _ => Ok(()),
         }
     }
@@ -692,5 +1299,67 @@ providers:
                 .starts_with("/nonexistent/credbroker.yaml: cannot read"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn aws_section_is_validated() {
+        let aws =
+            |body: &str| format!("providers:\n  - name: eks\n    type: aws\n    aws: {{{body}}}\n");
+        let config = Config::parse(
+            &aws("region: us-west-2, roleArn: \"arn:aws:iam::111122223333:role/kueue\", externalId: \"ext-1\", sessionName: kueue-mgr, stsEndpoint: global"),
+            "t",
+        )
+        .unwrap();
+        let section = config.providers[0].aws.as_ref().unwrap();
+        assert_eq!(section.sts_endpoint, Some(AwsStsEndpoint::Global));
+        assert_eq!(section.region.as_deref(), Some("us-west-2"));
+        let china = "roleArn: \"arn:aws-cn:iam::111122223333:role/path/to/r\"";
+        assert!(Config::parse(&aws(china), "t").is_ok());
+        // The embedded default (no section at all) is valid too.
+        assert!(Config::parse("providers:\n  - {name: eks, type: aws}\n", "t").is_ok());
+
+        let cases = [
+            (
+                "region: US_WEST",
+                "providers[0].aws.region: \"US_WEST\" is not an AWS region",
+            ),
+            ("region: \"evil.com/x\"", "providers[0].aws.region"),
+            ("region: \"\"", "providers[0].aws.region"),
+            (
+                "roleArn: kueue",
+                "providers[0].aws.roleArn: \"kueue\" is not an IAM role ARN",
+            ),
+            (
+                "roleArn: \"arn:aws:iam::1234:role/x\"",
+                "providers[0].aws.roleArn",
+            ),
+            (
+                "roleArn: \"arn:aws:iam::111122223333:user/x\"",
+                "providers[0].aws.roleArn",
+            ),
+            (
+                "roleArn: \"arn:aws:iam::111122223333:role/\"",
+                "providers[0].aws.roleArn",
+            ),
+            (
+                "externalId: \"a\"",
+                "providers[0].aws.externalId: must be 2 to 1224",
+            ),
+            ("externalId: \"has space\"", "providers[0].aws.externalId"),
+            ("sessionName: \"a b\"", "providers[0].aws.sessionName"),
+            ("sessionName: x", "providers[0].aws.sessionName"),
+            (
+                "stsEndpoint: fips",
+                "providers[0].aws.stsEndpoint: unknown variant `fips`, expected `regional` or `global`",
+            ),
+            ("bogus: 1", "providers[0].aws.bogus"),
+        ];
+        for (body, want) in cases {
+            let e = err(&aws(body));
+            assert!(e.contains(want), "{body:?}: got {e:?}, want {want:?}");
+        }
+        // An external id may be a shared secret: its value is never echoed.
+        let e = err(&aws("externalId: \"secret value\""));
+        assert!(!e.contains("secret value"), "{e}");
     }
 }

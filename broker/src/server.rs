@@ -311,9 +311,10 @@ mod tests {
             "{}",
             status.message()
         );
+        // A cloud provider asked without cluster info cannot tell which cluster to sign for.
         assert_eq!(
             code(b.get_token(None, msg("cloud")).await),
-            Code::Unimplemented
+            Code::InvalidArgument
         );
         let unknown = Status::from(b.get_token(None, msg("nope")).await.unwrap_err());
         assert_eq!(
