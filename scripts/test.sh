@@ -37,6 +37,9 @@ have grpcurl || die "grpcurl is missing and could not be installed"
 have readelf || apt_install binutils
 have readelf || die "readelf (binutils) is missing and could not be installed"
 have chroot || die "chroot (coreutils) is missing"
+# setpriv runs callers under another uid (authorization tests).
+have setpriv || apt_install util-linux
+have setpriv || die "setpriv (util-linux) is missing and could not be installed"
 printf 'kubectl: %s\ngrpcurl: %s\n' "$(kubectl version --client 2>/dev/null | head -1)" "$(grpcurl -version 2>&1)"
 
 say "format and lints"
