@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["credbroker/v1/token.proto"];
+    let files = ["credbroker/v1/token.proto", "credbroker/v1/admin.proto"];
     for file in files {
         println!("cargo:rerun-if-changed={file}");
     }

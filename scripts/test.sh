@@ -45,6 +45,9 @@ python3 -c 'import botocore' 2>/dev/null || die "botocore (awscli) could not be 
 # GCP: the fake token endpoint verifies RS256 assertions with the openssl CLI.
 have openssl || apt_install openssl
 have openssl || die "openssl is missing and could not be installed"
+# setpriv runs callers under another uid (authorization tests).
+have setpriv || apt_install util-linux
+have setpriv || die "setpriv (util-linux) is missing and could not be installed"
 printf 'kubectl: %s\ngrpcurl: %s\n' "$(kubectl version --client 2>/dev/null | head -1)" "$(grpcurl -version 2>&1)"
 
 say "format and lints"

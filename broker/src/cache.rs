@@ -101,6 +101,10 @@ impl CacheError {
     }
 }
 
+/// Clusters listed per entry in [`EntryInfo`]; the rest are only counted. An identity can
+/// serve thousands of clusters (one GCP token for every GKE cluster).
+pub const LISTED_CLUSTERS: usize = 32;
+
 /// Tunables, from the `cache` section of the config.
 #[derive(Debug, Clone)]
 pub struct CacheSettings {
@@ -109,10 +113,63 @@ pub struct CacheSettings {
     pub upstream_timeout: Duration,
 }
 
+/// Told about every upstream call the cache makes (metrics, provider health).
+pub trait CacheObserver: Send + Sync {
+    /// `background` is true for refresh-ahead calls no caller waits on.
+    fn upstream_call(
+        &self,
+        provider: &str,
+        elapsed: Duration,
+        result: Result<(), &CacheError>,
+        background: bool,
+    );
+}
+
+/// What an operator sees of an entry: never the credential itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntryInfo {
+    pub key: CacheKey,
+    pub clusters: Vec<String>,
+    pub more_clusters: u32,
+    pub expires_at: Option<SystemTime>,
+    pub refresh_at: Option<SystemTime>,
+    pub hits: u64,
+    pub state: EntryState,
+    pub last_error: Option<String>,
+    pub failures: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryState {
+    /// Holds a credential before its refresh time.
+    Fresh,
+    /// Holds a credential past its refresh time, with no refresh running.
+    Stale,
+    /// An upstream call is running.
+    Refreshing,
+    /// The last upstream call failed; the next waits for the backoff.
+    BackingOff,
+    /// Holds nothing servable.
+    Empty,
+}
+
+impl EntryState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fresh => "fresh",
+            Self::Stale => "stale",
+            Self::Refreshing => "refreshing",
+            Self::BackingOff => "backing-off",
+            Self::Empty => "empty",
+        }
+    }
+}
+
 /// The cache. Cheap to share behind an `Arc`.
 pub struct Cache {
     slots: moka::sync::Cache<CacheKey, Arc<Slot>>,
     settings: CacheSettings,
+    observer: Option<Arc<dyn CacheObserver>>,
 }
 
 impl fmt::Debug for Cache {
@@ -139,6 +196,27 @@ struct State {
     retry_at: Option<Instant>,
     last_error: Option<CacheError>,
     last_access: Option<Instant>,
+    /// The latest request, so an operator's forced refresh can fetch without a caller.
+    last_request: Option<TokenRequest>,
+    clusters: std::collections::BTreeSet<String>,
+    more_clusters: u32,
+    hits: u64,
+}
+
+impl State {
+    fn note_request(&mut self, req: &TokenRequest) {
+        let label = req.cluster_label();
+        if !self.clusters.contains(&label) {
+            if self.clusters.len() < LISTED_CLUSTERS {
+                self.clusters.insert(label);
+            } else {
+                self.more_clusters = self.more_clusters.saturating_add(1);
+            }
+        }
+        if self.last_request.as_ref() != Some(req) {
+            self.last_request = Some(req.clone());
+        }
+    }
 }
 
 /// A stored credential and its schedule.
@@ -153,7 +231,17 @@ impl Cache {
         let slots = moka::sync::Cache::builder()
             .max_capacity(settings.max_entries)
             .build();
-        Self { slots, settings }
+        Self {
+            slots,
+            settings,
+            observer: None,
+        }
+    }
+
+    /// Reports every upstream call to `observer`.
+    pub fn with_observer(mut self, observer: Arc<dyn CacheObserver>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// Serves the credential for `key`, fetching it with `provider` on a miss. A hit never
@@ -169,14 +257,16 @@ impl Cache {
             let mut st = slot.lock();
             let now = Instant::now();
             st.last_access = Some(now);
+            st.note_request(req);
             if let Some(fresh) = &st.current {
                 if now < fresh.serve_until && provider.is_current(req, &fresh.credential) {
                     let due = now >= fresh.refresh_at;
                     let served = fresh.serve(now, if due { Outcome::Stale } else { Outcome::Hit });
                     let may_retry = st.retry_at.is_none_or(|at| now >= at);
+                    st.hits += 1;
                     if due && st.inflight.is_none() && may_retry {
                         // Refresh ahead in the background; this caller does not wait.
-                        drop(self.start_fetch(&slot, &mut st, provider, req));
+                        drop(self.start_fetch(&slot, &mut st, provider, req, true));
                     }
                     return Ok(served);
                 }
@@ -194,7 +284,7 @@ impl Cache {
                     });
                 }
                 (
-                    self.start_fetch(&slot, &mut st, provider, req),
+                    self.start_fetch(&slot, &mut st, provider, req, false),
                     Outcome::Miss,
                 )
             }
@@ -212,12 +302,15 @@ impl Cache {
         st: &mut State,
         provider: &Arc<dyn Provider>,
         req: &TokenRequest,
+        background: bool,
     ) -> Inflight {
         let slot = Arc::clone(slot);
         let provider = Arc::clone(provider);
         let req = req.clone();
         let timeout = self.settings.upstream_timeout;
+        let observer = self.observer.clone();
         let task = tokio::spawn(async move {
+            let started = Instant::now();
             let fetch = AssertUnwindSafe(provider.fetch(&req)).catch_unwind();
             let result = match tokio::time::timeout(timeout, fetch).await {
                 Ok(Ok(result)) => result.map_err(CacheError::from),
@@ -227,7 +320,12 @@ impl Cache {
                 ))),
                 Err(_elapsed) => Err(CacheError::UpstreamTimeout(timeout)),
             };
-            slot.complete(result)
+            let served = slot.complete(result);
+            if let Some(observer) = observer {
+                let outcome = served.as_ref().map(|_| ());
+                observer.upstream_call(&req.provider, started.elapsed(), outcome, background);
+            }
+            served
         });
         let joined: BoxFuture<'static, _> = Box::pin(async move {
             task.await
@@ -275,10 +373,98 @@ impl Cache {
         })
     }
 
+    /// What the cache holds, for operators: no credential, only its schedule and health.
+    pub fn entries(&self) -> Vec<EntryInfo> {
+        let now = Instant::now();
+        let mut out: Vec<EntryInfo> = self
+            .slots
+            .iter()
+            .map(|(key, slot)| slot.lock().info(CacheKey::clone(&key), now))
+            .collect();
+        out.sort_by(|a, b| {
+            (&a.key.provider, &a.key.identity).cmp(&(&b.key.provider, &b.key.identity))
+        });
+        out
+    }
+
+    /// The keys of the entries that match.
+    pub fn keys(&self, matches: impl Fn(&CacheKey) -> bool) -> Vec<CacheKey> {
+        self.slots
+            .iter()
+            .filter(|(key, _)| matches(key))
+            .map(|(key, _)| CacheKey::clone(&key))
+            .collect()
+    }
+
+    /// Drops every entry whose key matches; returns how many.
+    pub fn invalidate(&self, matches: impl Fn(&CacheKey) -> bool) -> usize {
+        let keys = self.keys(matches);
+        for key in &keys {
+            self.slots.invalidate(key);
+        }
+        keys.len()
+    }
+
+    /// Fetches an entry anew now (joining a fetch already running), with the request that
+    /// last used it. Backoff does not apply: an operator asked for it.
+    pub async fn refresh(
+        &self,
+        key: &CacheKey,
+        provider: &Arc<dyn Provider>,
+    ) -> Result<(), CacheError> {
+        let Some(slot) = self.slots.get(key) else {
+            return Err(CacheError::Internal(format!(
+                "no entry for provider {:?}, identity {:?}",
+                key.provider, key.identity
+            )));
+        };
+        let fetch = {
+            let mut st = slot.lock();
+            match (&st.inflight, st.last_request.clone()) {
+                (Some(inflight), _) => inflight.clone(),
+                (None, Some(req)) => self.start_fetch(&slot, &mut st, provider, &req, true),
+                (None, None) => {
+                    return Err(CacheError::Internal(
+                        "the entry has never been asked for".into(),
+                    ));
+                }
+            }
+        };
+        fetch.await.map(|_| ())
+    }
+
     /// Entries currently held (after pending evictions are applied).
     pub fn entry_count(&self) -> u64 {
         self.slots.run_pending_tasks();
         self.slots.entry_count()
+    }
+}
+
+impl State {
+    fn info(&self, key: CacheKey, now: Instant) -> EntryInfo {
+        let state = if self.inflight.is_some() {
+            EntryState::Refreshing
+        } else if self.retry_at.is_some_and(|at| now < at) {
+            EntryState::BackingOff
+        } else {
+            match &self.current {
+                Some(f) if now < f.refresh_at => EntryState::Fresh,
+                Some(f) if now < f.serve_until => EntryState::Stale,
+                _ => EntryState::Empty,
+            }
+        };
+        let wall = |at: Instant| SystemTime::now() + at.saturating_duration_since(now);
+        EntryInfo {
+            key,
+            clusters: self.clusters.iter().cloned().collect(),
+            more_clusters: self.more_clusters,
+            expires_at: self.current.as_ref().map(|f| f.credential.expires_at),
+            refresh_at: self.current.as_ref().map(|f| wall(f.refresh_at)),
+            hits: self.hits,
+            state,
+            last_error: self.last_error.as_ref().map(ToString::to_string),
+            failures: self.failures,
+        }
     }
 }
 

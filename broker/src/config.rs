@@ -64,6 +64,8 @@ pub struct Config {
     #[serde(default)]
     pub metrics: Option<MetricsConfig>,
     #[serde(default)]
+    pub rate_limit: RateLimitConfig,
+    #[serde(default)]
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -74,9 +76,15 @@ pub struct SocketConfig {
     pub path: PathBuf,
     #[serde(default)]
     pub mode: FileMode,
-    /// When set, only callers whose uid (from SO_PEERCRED) is listed may ask for tokens.
+    /// When this or `allowedGids` is set, only callers whose uid (from SO_PEERCRED) is in
+    /// `allowedUids` or whose gid is in `allowedGids` may ask for tokens.
     #[serde(default)]
     pub allowed_uids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub allowed_gids: Option<Vec<u32>>,
+    /// Who may call AdminService; unset means the broker's own uid and root.
+    #[serde(default)]
+    pub admin_uids: Option<Vec<u32>>,
 }
 
 impl Default for SocketConfig {
@@ -85,8 +93,44 @@ impl Default for SocketConfig {
             path: default_socket_path(),
             mode: FileMode::default(),
             allowed_uids: None,
+            allowed_gids: None,
+            admin_uids: None,
         }
     }
+}
+
+/// A Kueue manager restarting with 1 000 worker clusters runs 1 000 shims at once, all
+/// under one uid: twice that fits in the bucket.
+pub const DEFAULT_RATE_LIMIT_BURST: u32 = 2_000;
+/// In steady state client-go runs the plugin per cluster about once per token lifetime
+/// (≥ 15 min): 1 000 clusters make about one call per second. 200/s leaves room for
+/// re-authentication storms (every cluster answering 401) and still stops a runaway loop.
+pub const DEFAULT_RATE_LIMIT_PER_SECOND: u32 = 200;
+
+/// Per-caller (uid) token bucket for TokenService and AdminService calls; health is exempt.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RateLimitConfig {
+    #[serde(default = "default_rate_per_second")]
+    pub per_second: u32,
+    #[serde(default = "default_rate_burst")]
+    pub burst: u32,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            per_second: DEFAULT_RATE_LIMIT_PER_SECOND,
+            burst: DEFAULT_RATE_LIMIT_BURST,
+        }
+    }
+}
+
+fn default_rate_per_second() -> u32 {
+    DEFAULT_RATE_LIMIT_PER_SECOND
+}
+fn default_rate_burst() -> u32 {
+    DEFAULT_RATE_LIMIT_BURST
 }
 
 fn default_socket_path() -> PathBuf {
@@ -945,6 +989,12 @@ impl Config {
         if self.cache.max_entries == 0 {
             return Err(("cache.maxEntries".into(), "must be at least 1".into()));
         }
+        if self.rate_limit.per_second == 0 {
+            return Err(("rateLimit.perSecond".into(), "must be at least 1".into()));
+        }
+        if self.rate_limit.burst == 0 {
+            return Err(("rateLimit.burst".into(), "must be at least 1".into()));
+        }
         if self.cache.idle_timeout.0.is_zero() {
             return Err(("cache.idleTimeout".into(), "must be longer than 0s".into()));
         }
@@ -1231,6 +1281,18 @@ providers:
             ),
             ("socket: {path: /a, mode: 660}\n", "quoted octal string"),
             ("cache: {maxEntries: 0}\n", "cache.maxEntries"),
+            (
+                "rateLimit: {perSecond: 0}\n",
+                "rateLimit.perSecond: must be at least 1",
+            ),
+            (
+                "rateLimit: {burst: 0}\n",
+                "rateLimit.burst: must be at least 1",
+            ),
+            (
+                "socket: {path: /a, adminUids: [-1]}\n",
+                "socket.adminUids[0]: invalid value",
+            ),
             (
                 "cache: {idleTimeout: 5 parsecs}\n",
                 "cache.idleTimeout: invalid duration",

@@ -2,9 +2,12 @@
 //! `credbroker-shim` as a kubeconfig exec plugin; the shim asks this broker over a Unix
 //! socket; the broker answers from a per-identity cache filled by providers.
 
+pub mod admin;
 pub mod cache;
 pub mod config;
+pub mod metrics;
 pub mod providers;
+pub mod ratelimit;
 pub mod request;
 pub mod server;
 pub mod socket;

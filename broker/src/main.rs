@@ -14,6 +14,12 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve tokens on the Unix socket until SIGTERM or SIGINT.
@@ -24,6 +30,21 @@ enum Command {
         /// Socket path, overriding socket.path from the config.
         #[arg(long, value_name = "PATH")]
         socket: Option<PathBuf>,
+        /// Log lines as human text or as JSON objects.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
+    },
+    /// Ask a running broker for its gRPC health over the socket: exit 0 when SERVING.
+    /// For Kubernetes exec probes (the broker listens on no TCP port for gRPC probes).
+    Health {
+        #[arg(long, value_name = "PATH", default_value = credbroker::config::DEFAULT_SOCKET_PATH)]
+        socket: PathBuf,
+        /// The service to check; empty for the broker as a whole.
+        #[arg(long, default_value = "")]
+        service: String,
+        /// Give up after this long, e.g. 2s.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
     },
     /// Parse and validate a config file, then exit.
     CheckConfig {
@@ -66,11 +87,35 @@ fn run(command: Command) -> Result<(), String> {
             );
             Ok(())
         }
-        Command::Serve { config, socket } => {
-            init_logging();
-            let config = match config {
-                Some(file) => Config::load(&file).map_err(|e| e.to_string())?,
-                None => Config::embedded_default(),
+        Command::Health {
+            socket,
+            service,
+            timeout,
+        } => runtime()?.block_on(async {
+            let status = tokio::time::timeout(timeout, health_check(&socket, service.clone()))
+                .await
+                .map_err(|_| {
+                    format!(
+                        "no health answer from {} within {timeout:?}",
+                        socket.display()
+                    )
+                })??;
+            println!("{status}");
+            if status == "SERVING" {
+                Ok(())
+            } else {
+                Err(format!("service {service:?} is {status}"))
+            }
+        }),
+        Command::Serve {
+            config,
+            socket,
+            log_format,
+        } => {
+            init_logging(log_format);
+            let (config, config_path) = match config {
+                Some(file) => (Config::load(&file).map_err(|e| e.to_string())?, Some(file)),
+                None => (Config::embedded_default(), None),
             };
             let socket = socket.unwrap_or_else(|| config.socket.path.clone());
             if !socket.is_absolute() {
@@ -79,12 +124,13 @@ fn run(command: Command) -> Result<(), String> {
                     socket.display()
                 ));
             }
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-            runtime.block_on(async {
-                credbroker::server::serve(&config, &socket, shutdown_signal())
+            let options = credbroker::server::ServeOptions {
+                config,
+                config_path,
+                socket,
+            };
+            runtime()?.block_on(async {
+                credbroker::server::serve(options, shutdown_signal())
                     .await
                     .map_err(|e| e.to_string())
             })
@@ -92,15 +138,65 @@ fn run(command: Command) -> Result<(), String> {
     }
 }
 
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+}
+
+/// grpc.health.v1 Check over the Unix socket; returns the status name.
+async fn health_check(socket: &std::path::Path, service: String) -> Result<String, String> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let path = socket.to_owned();
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot connect to {}: {}",
+                socket.display(),
+                source_chain(&e)
+            )
+        })?;
+    let reply = HealthClient::new(channel)
+        .check(HealthCheckRequest { service })
+        .await
+        .map_err(|s| format!("health check failed: {:?}: {}", s.code(), s.message()))?;
+    Ok(reply.into_inner().status().as_str_name().to_owned())
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        out = format!("{out}: {cause}");
+        next = cause.source();
+    }
+    out
+}
+
 /// Logs go to stderr; `RUST_LOG` filters them (default `info`).
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder.json().init(),
+    }
 }
 
 /// Resolves on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).

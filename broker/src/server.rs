@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use credbroker_proto::v1::admin_service_server::AdminServiceServer;
 use credbroker_proto::v1::token_service_server::{TokenService, TokenServiceServer};
 use credbroker_proto::v1::{GetTokenRequest, GetTokenResponse};
 use tokio_stream::wrappers::UnixListenerStream;
@@ -14,9 +15,14 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Code, Request, Response, Status};
 use tonic_health::ServingStatus;
 
-use crate::cache::{Cache, CacheError, CacheKey, CacheSettings, Served, UPSTREAM_TIMEOUT};
-use crate::config::Config;
+use crate::admin::{AdminApi, ProviderHealth};
+use crate::cache::{
+    Cache, CacheError, CacheKey, CacheObserver, CacheSettings, Served, UPSTREAM_TIMEOUT,
+};
+use crate::config::{Config, ProviderConfig};
+use crate::metrics::{self, Metrics, MetricsError};
 use crate::providers::{self, CredentialSecret, Provider, ProviderError};
+use crate::ratelimit::RateLimitLayer;
 use crate::request::{RequestError, TokenRequest};
 use crate::socket::{self, SocketError};
 
@@ -27,8 +33,13 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Why a `GetToken` call failed. Turned into a status in exactly one place, below.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
-    #[error("caller uid {} is not in socket.allowedUids", .uid.map_or_else(|| "(unknown)".to_owned(), |u| u.to_string()))]
-    CallerNotAllowed { uid: Option<u32> },
+    #[error("permission denied: caller uid {} is not in {list}", .uid.map_or_else(|| "(unknown)".to_owned(), |u| u.to_string()))]
+    CallerNotAllowed {
+        uid: Option<u32>,
+        list: &'static str,
+    },
+    #[error("{0}")]
+    BadSelection(String),
     #[error(transparent)]
     BadRequest(#[from] RequestError),
     #[error("unknown provider {name:?} (configured: {known})")]
@@ -45,7 +56,7 @@ impl From<BrokerError> for Status {
     fn from(e: BrokerError) -> Self {
         let code = match &e {
             BrokerError::CallerNotAllowed { .. } => Code::PermissionDenied,
-            BrokerError::BadRequest(_) => Code::InvalidArgument,
+            BrokerError::BadRequest(_) | BrokerError::BadSelection(_) => Code::InvalidArgument,
             BrokerError::UnknownProvider { .. } => Code::NotFound,
             BrokerError::Provider { source, .. } => cache_code(source),
         };
@@ -70,12 +81,88 @@ fn cache_code(e: &CacheError) -> Code {
     }
 }
 
+/// Who is calling, from SO_PEERCRED on the Unix socket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peer {
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+impl Peer {
+    /// The caller of a gRPC request (unknown when the transport is not a Unix socket).
+    pub fn of<T>(request: &Request<T>) -> Self {
+        let cred = request
+            .extensions()
+            .get::<UdsConnectInfo>()
+            .and_then(|info| info.peer_cred);
+        Self {
+            uid: cred.map(|c| c.uid()),
+            gid: cred.map(|c| c.gid()),
+        }
+    }
+}
+
+/// A configured provider and the config it was built from (to tell, on reload, whether
+/// it changed).
+#[derive(Debug, Clone)]
+pub struct Configured {
+    pub config: ProviderConfig,
+    pub provider: Arc<dyn Provider>,
+}
+
+/// What a reload swaps atomically: requests hold a snapshot, so none fails mid-swap.
+#[derive(Debug)]
+struct Runtime {
+    providers: BTreeMap<String, Configured>,
+    allowed_uids: Option<Vec<u32>>,
+    allowed_gids: Option<Vec<u32>>,
+    admin_uids: Vec<u32>,
+}
+
+impl Runtime {
+    fn new(config: &Config, providers: BTreeMap<String, Configured>) -> Self {
+        let admin_uids = config
+            .socket
+            .admin_uids
+            .clone()
+            .unwrap_or_else(|| vec![nix::unistd::geteuid().as_raw(), 0]);
+        Self {
+            providers,
+            allowed_uids: config.socket.allowed_uids.clone(),
+            allowed_gids: config.socket.allowed_gids.clone(),
+            admin_uids,
+        }
+    }
+
+    fn may_get_tokens(&self, peer: Peer) -> bool {
+        if self.allowed_uids.is_none() && self.allowed_gids.is_none() {
+            return true;
+        }
+        let listed = |ids: &Option<Vec<u32>>, id: Option<u32>| {
+            ids.as_ref()
+                .is_some_and(|ids| id.is_some_and(|id| ids.contains(&id)))
+        };
+        listed(&self.allowed_uids, peer.uid) || listed(&self.allowed_gids, peer.gid)
+    }
+}
+
+/// What a reload changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    pub kept: Vec<String>,
+    pub replaced: Vec<String>,
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub invalidated: usize,
+}
+
 /// Answers token requests: authorises the caller, picks the provider, asks the cache.
 #[derive(Debug)]
 pub struct Broker {
-    providers: BTreeMap<String, Arc<dyn Provider>>,
+    runtime: RwLock<Arc<Runtime>>,
     cache: Arc<Cache>,
-    allowed_uids: Option<Vec<u32>>,
+    metrics: Arc<Metrics>,
+    health: Arc<ProviderHealth>,
 }
 
 impl Broker {
@@ -83,48 +170,109 @@ impl Broker {
         let providers = config
             .providers
             .iter()
-            .map(|p| (p.name.clone(), providers::build(p)))
+            .map(|p| {
+                let configured = Configured {
+                    config: p.clone(),
+                    provider: providers::build(p),
+                };
+                (p.name.clone(), configured)
+            })
             .collect();
-        let cache = Arc::new(Cache::new(CacheSettings {
+        let metrics = Arc::new(Metrics::new());
+        let health = Arc::new(ProviderHealth::default());
+        let telemetry = Arc::new(Telemetry {
+            metrics: metrics.clone(),
+            health: health.clone(),
+        });
+        let cache = Cache::new(CacheSettings {
             max_entries: config.cache.max_entries,
             idle_timeout: config.cache.idle_timeout.0,
             upstream_timeout: UPSTREAM_TIMEOUT,
-        }));
+        })
+        .with_observer(telemetry);
         Self {
-            providers,
-            cache,
-            allowed_uids: config.socket.allowed_uids.clone(),
+            runtime: RwLock::new(Arc::new(Runtime::new(config, providers))),
+            cache: Arc::new(cache),
+            metrics,
+            health,
         }
+    }
+
+    fn runtime(&self) -> Arc<Runtime> {
+        self.runtime
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn cache(&self) -> &Arc<Cache> {
         &self.cache
     }
 
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn health(&self) -> &ProviderHealth {
+        &self.health
+    }
+
+    /// The configured providers, in name order.
+    pub fn providers(&self) -> Vec<Configured> {
+        self.runtime().providers.values().cloned().collect()
+    }
+
+    /// The provider currently configured under `name`.
+    pub fn provider(&self, name: &str) -> Option<Arc<dyn Provider>> {
+        self.runtime()
+            .providers
+            .get(name)
+            .map(|c| c.provider.clone())
+    }
+
+    /// Refuses callers outside `socket.adminUids`.
+    pub fn authorize_admin(&self, peer: Peer) -> Result<(), BrokerError> {
+        let runtime = self.runtime();
+        if peer
+            .uid
+            .is_some_and(|uid| runtime.admin_uids.contains(&uid))
+        {
+            Ok(())
+        } else {
+            Err(BrokerError::CallerNotAllowed {
+                uid: peer.uid,
+                list: "socket.adminUids",
+            })
+        }
+    }
+
     /// One `GetToken`, from an already-identified caller.
     pub async fn get_token(
         &self,
-        uid: Option<u32>,
+        peer: Peer,
         msg: GetTokenRequest,
     ) -> Result<(Served, TokenRequest), BrokerError> {
-        if let Some(allowed) = &self.allowed_uids
-            && !uid.is_some_and(|u| allowed.contains(&u))
-        {
-            return Err(BrokerError::CallerNotAllowed { uid });
+        let runtime = self.runtime();
+        if !runtime.may_get_tokens(peer) {
+            return Err(BrokerError::CallerNotAllowed {
+                uid: peer.uid,
+                list: "socket.allowedUids/allowedGids",
+            });
         }
         let req = TokenRequest::from_proto(msg)?;
-        let provider =
-            self.providers
-                .get(&req.provider)
-                .ok_or_else(|| BrokerError::UnknownProvider {
-                    name: req.provider.clone(),
-                    known: self
-                        .providers
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })?;
+        let provider = &runtime
+            .providers
+            .get(&req.provider)
+            .ok_or_else(|| BrokerError::UnknownProvider {
+                name: req.provider.clone(),
+                known: runtime
+                    .providers
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?
+            .provider;
         let failed = |source: CacheError| BrokerError::Provider {
             provider: req.provider.clone(),
             cluster: req.cluster_label(),
@@ -138,6 +286,76 @@ impl Broker {
         match self.cache.get(key, provider, &req).await {
             Ok(served) => Ok((served, req)),
             Err(e) => Err(failed(e)),
+        }
+    }
+
+    /// Applies a new config: providers whose config is unchanged keep their instance and
+    /// cache entries; changed and removed ones lose their entries; access lists take
+    /// effect at once. Settings bound at start-up (socket, cache size, metrics address,
+    /// rate limit) need a restart: the caller warns about them.
+    pub fn reload(&self, config: &Config) -> Reloaded {
+        let old = self.runtime();
+        let mut done = Reloaded::default();
+        let mut providers = BTreeMap::new();
+        for p in &config.providers {
+            let configured = match old.providers.get(&p.name) {
+                Some(current) if current.config == *p => {
+                    done.kept.push(p.name.clone());
+                    current.clone()
+                }
+                current => {
+                    let list = if current.is_some() {
+                        &mut done.replaced
+                    } else {
+                        &mut done.added
+                    };
+                    list.push(p.name.clone());
+                    Configured {
+                        config: p.clone(),
+                        provider: providers::build(p),
+                    }
+                }
+            };
+            providers.insert(p.name.clone(), configured);
+        }
+        done.removed = old
+            .providers
+            .keys()
+            .filter(|n| !providers.contains_key(*n))
+            .cloned()
+            .collect();
+        *self.runtime.write().unwrap_or_else(PoisonError::into_inner) =
+            Arc::new(Runtime::new(config, providers));
+        done.invalidated = self.cache.invalidate(|key| {
+            done.replaced
+                .iter()
+                .chain(&done.removed)
+                .any(|name| **name == *key.provider)
+        });
+        done
+    }
+}
+
+/// Feeds every upstream call the cache makes into the metrics and provider health, and
+/// logs failures at warn.
+struct Telemetry {
+    metrics: Arc<Metrics>,
+    health: Arc<ProviderHealth>,
+}
+
+impl CacheObserver for Telemetry {
+    fn upstream_call(
+        &self,
+        provider: &str,
+        elapsed: Duration,
+        result: Result<(), &CacheError>,
+        background: bool,
+    ) {
+        self.metrics
+            .upstream(provider, elapsed, result.is_ok(), background);
+        self.health.record(provider, result);
+        if let Err(error) = result {
+            tracing::warn!(provider, background, ?elapsed, %error, "upstream call failed");
         }
     }
 }
@@ -155,23 +373,23 @@ impl TokenService for TokenApi {
         request: Request<GetTokenRequest>,
     ) -> Result<Response<GetTokenResponse>, Status> {
         let started = std::time::Instant::now();
-        let uid = request
-            .extensions()
-            .get::<UdsConnectInfo>()
-            .and_then(|info| info.peer_cred)
-            .map(|cred| cred.uid());
+        let peer = Peer::of(&request);
         let msg = request.into_inner();
         let provider = msg.provider.clone();
-        let result = self.broker.get_token(uid, msg).await;
+        let result = self.broker.get_token(peer, msg).await;
         let elapsed = started.elapsed();
         match result {
             Ok((served, req)) => {
-                tracing::info!(provider, cluster = %req.cluster_label(), code = "OK", outcome = ?served.outcome, ?elapsed, "GetToken");
+                self.broker
+                    .metrics
+                    .request(&provider, Code::Ok, Some(served.outcome));
+                tracing::info!(provider, cluster = %req.cluster_label(), code = "OK", outcome = ?served.outcome, ?elapsed, uid = ?peer.uid, "GetToken");
                 Ok(Response::new(response(served)))
             }
             Err(e) => {
                 let status = Status::from(e);
-                tracing::warn!(provider, code = ?status.code(), ?elapsed, error = status.message(), "GetToken");
+                self.broker.metrics.request(&provider, status.code(), None);
+                tracing::warn!(provider, code = ?status.code(), ?elapsed, uid = ?peer.uid, error = status.message(), "GetToken");
                 Err(status)
             }
         }
@@ -201,25 +419,58 @@ fn response(served: Served) -> GetTokenResponse {
 pub enum ServeError {
     #[error(transparent)]
     Socket(#[from] SocketError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    #[error("metrics.address {0:?} is not an address like 0.0.0.0:9090")]
+    MetricsAddress(String),
     #[error("the gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("cannot build the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
+/// What `credbroker serve` runs with.
+#[derive(Debug)]
+pub struct ServeOptions {
+    pub config: Config,
+    /// The file to read again on SIGHUP; `None` for the embedded default.
+    pub config_path: Option<PathBuf>,
+    pub socket: PathBuf,
+}
+
 /// Serves until `shutdown` resolves, then stops accepting, gives in-flight calls
-/// [`SHUTDOWN_GRACE`] to finish, and removes the socket.
+/// [`SHUTDOWN_GRACE`] to finish, and removes the socket. SIGHUP reloads the config file.
 pub async fn serve(
-    config: &Config,
-    socket_path: &Path,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let broker = Arc::new(Broker::new(config));
+    let ServeOptions {
+        config,
+        config_path,
+        socket: socket_path,
+    } = options;
+    let broker = Arc::new(Broker::new(&config));
     let sweeper = broker.cache().spawn_idle_sweeper();
-    let (listener, socket_guard) = socket::bind(socket_path, config.socket.mode.0)?;
+    let (listener, socket_guard) = socket::bind(&socket_path, config.socket.mode.0)?;
+    let metrics_task = match &config.metrics {
+        Some(m) => {
+            let address = m
+                .address
+                .parse()
+                .map_err(|_| ServeError::MetricsAddress(m.address.clone()))?;
+            Some(metrics::serve(address, broker.metrics().clone(), broker.cache().clone()).await?)
+        }
+        None => None,
+    };
+    let reloader = tokio::spawn(reload_on_sighup(
+        broker.clone(),
+        config.clone(),
+        config_path,
+    ));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<TokenServiceServer<TokenApi>>().await;
+    health.set_serving::<AdminServiceServer<AdminApi>>().await;
     health.set_service_status("", ServingStatus::Serving).await;
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -231,10 +482,14 @@ pub async fn serve(
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
+        .layer(RateLimitLayer::new(&config.rate_limit))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(TokenServiceServer::new(TokenApi { broker }))
+        .add_service(TokenServiceServer::new(TokenApi {
+            broker: broker.clone(),
+        }))
+        .add_service(AdminServiceServer::new(AdminApi::new(broker.clone())))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
             let _ = stop_rx.await;
         });
@@ -252,6 +507,7 @@ pub async fn serve(
             tracing::info!("shutting down: no new connections, in-flight calls get {}s", SHUTDOWN_GRACE.as_secs());
             health.set_service_status("", ServingStatus::NotServing).await;
             health.set_not_serving::<TokenServiceServer<TokenApi>>().await;
+            health.set_not_serving::<AdminServiceServer<AdminApi>>().await;
             let _ = stop_tx.send(());
             match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
                 Ok(ended) => ended.unwrap_or_else(|e| panic_or_cancelled(&e)).map_err(ServeError::from),
@@ -263,10 +519,69 @@ pub async fn serve(
             }
         }
     };
+    reloader.abort();
     sweeper.abort();
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
     drop(socket_guard);
     tracing::info!(socket = %socket_path.display(), "credbroker stopped; socket removed");
     result
+}
+
+/// Reads the config file again on every SIGHUP. A file that does not parse or validate
+/// is logged and ignored: the broker keeps serving on what it has.
+async fn reload_on_sighup(broker: Arc<Broker>, mut current: Config, path: Option<PathBuf>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot listen for SIGHUP ({e}); config reload is off");
+            return;
+        }
+    };
+    while hangups.recv().await.is_some() {
+        let Some(path) = &path else {
+            tracing::warn!(
+                "SIGHUP: running on the embedded default config; there is no file to reload"
+            );
+            continue;
+        };
+        let next = match Config::load(path) {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: config not reloaded; still serving the previous one");
+                continue;
+            }
+        };
+        for (what, changed) in [
+            (
+                "socket.path and socket.mode",
+                next.socket.path != current.socket.path || next.socket.mode != current.socket.mode,
+            ),
+            (
+                "cache.maxEntries and cache.idleTimeout",
+                next.cache.max_entries != current.cache.max_entries
+                    || next.cache.idle_timeout != current.cache.idle_timeout,
+            ),
+            (
+                "metrics.address",
+                next.metrics.as_ref().map(|m| &m.address)
+                    != current.metrics.as_ref().map(|m| &m.address),
+            ),
+            ("rateLimit", next.rate_limit != current.rate_limit),
+        ] {
+            if changed {
+                tracing::warn!("SIGHUP: changes to {what} take effect at the next restart");
+            }
+        }
+        let done = broker.reload(&next);
+        tracing::info!(
+            kept = ?done.kept, replaced = ?done.replaced, added = ?done.added, removed = ?done.removed,
+            invalidated = done.invalidated, "SIGHUP: config reloaded"
+        );
+        current = next;
+    }
 }
 
 fn panic_or_cancelled(e: &tokio::task::JoinError) -> Result<(), tonic::transport::Error> {
@@ -295,13 +610,16 @@ mod tests {
     async fn errors_map_to_the_designed_codes() {
         let b = broker(FILE);
         let code = |r: Result<_, BrokerError>| Status::from(r.unwrap_err()).code();
-        assert_eq!(code(b.get_token(None, msg("nope")).await), Code::NotFound);
         assert_eq!(
-            code(b.get_token(None, msg("")).await),
+            code(b.get_token(Peer::default(), msg("nope")).await),
+            Code::NotFound
+        );
+        assert_eq!(
+            code(b.get_token(Peer::default(), msg("")).await),
             Code::InvalidArgument
         );
         // file provider without clusterName → INVALID_ARGUMENT naming provider and cluster.
-        let err = b.get_token(None, msg("f")).await.unwrap_err();
+        let err = b.get_token(Peer::default(), msg("f")).await.unwrap_err();
         let status = Status::from(err);
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(
@@ -313,10 +631,10 @@ mod tests {
         );
         // A cloud provider asked without cluster info cannot tell which cluster to sign for.
         assert_eq!(
-            code(b.get_token(None, msg("cloud")).await),
+            code(b.get_token(Peer::default(), msg("cloud")).await),
             Code::InvalidArgument
         );
-        let unknown = Status::from(b.get_token(None, msg("nope")).await.unwrap_err());
+        let unknown = Status::from(b.get_token(Peer::default(), msg("nope")).await.unwrap_err());
         assert_eq!(
             unknown.message(),
             "unknown provider \"nope\" (configured: cloud, f)"
@@ -329,19 +647,122 @@ mod tests {
             "socket: {{path: /x, allowedUids: [1000]}}\n{FILE}"
         ));
         for uid in [None, Some(0), Some(1001)] {
-            let status = Status::from(b.get_token(uid, msg("nope")).await.unwrap_err());
+            let peer = Peer { uid, gid: Some(5) };
+            let status = Status::from(b.get_token(peer, msg("nope")).await.unwrap_err());
             assert_eq!(status.code(), Code::PermissionDenied, "{uid:?}");
+            assert!(
+                status.message().contains("permission denied"),
+                "{}",
+                status.message()
+            );
         }
-        let status = Status::from(b.get_token(Some(1000), msg("nope")).await.unwrap_err());
+        let allowed = Peer {
+            uid: Some(1000),
+            gid: None,
+        };
+        let status = Status::from(b.get_token(allowed, msg("nope")).await.unwrap_err());
         assert_eq!(
             status.code(),
             Code::NotFound,
             "an allowed uid gets past the check"
         );
+        // allowedGids admits by group too.
+        let b = broker(&format!(
+            "socket: {{path: /x, allowedUids: [1000], allowedGids: [44]}}\n{FILE}"
+        ));
+        let by_group = Peer {
+            uid: Some(1001),
+            gid: Some(44),
+        };
+        let status = Status::from(b.get_token(by_group, msg("nope")).await.unwrap_err());
+        assert_eq!(status.code(), Code::NotFound);
+        let refused = BrokerError::CallerNotAllowed {
+            uid: Some(7),
+            list: "socket.allowedUids/allowedGids",
+        };
         assert_eq!(
-            Status::from(BrokerError::CallerNotAllowed { uid: Some(7) }).message(),
-            "caller uid 7 is not in socket.allowedUids"
+            Status::from(refused).message(),
+            "permission denied: caller uid 7 is not in socket.allowedUids/allowedGids"
         );
+    }
+
+    #[test]
+    fn admin_defaults_to_own_uid_and_root() {
+        let b = broker(FILE);
+        let me = nix::unistd::geteuid().as_raw();
+        assert!(
+            b.authorize_admin(Peer {
+                uid: Some(me),
+                gid: None
+            })
+            .is_ok()
+        );
+        assert!(
+            b.authorize_admin(Peer {
+                uid: Some(0),
+                gid: None
+            })
+            .is_ok()
+        );
+        let err = b
+            .authorize_admin(Peer {
+                uid: Some(4242),
+                gid: None,
+            })
+            .unwrap_err();
+        assert_eq!(Status::from(err).code(), Code::PermissionDenied);
+        let b = broker(&format!("socket: {{path: /x, adminUids: [4242]}}\n{FILE}"));
+        assert!(
+            b.authorize_admin(Peer {
+                uid: Some(4242),
+                gid: None
+            })
+            .is_ok()
+        );
+        assert!(
+            b.authorize_admin(Peer {
+                uid: Some(0),
+                gid: None
+            })
+            .is_err()
+        );
+        assert!(b.authorize_admin(Peer::default()).is_err());
+    }
+
+    #[tokio::test]
+    async fn reload_keeps_unchanged_providers_and_their_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["a", "b"] {
+            std::fs::write(dir.path().join(name), format!("token-{name}")).unwrap();
+        }
+        let yaml = |b_lifetime: &str, extra: &str| {
+            format!(
+                "providers:\n  - {{name: a, type: file, file: {{path: {d}/a}}}}\n  - {{name: b, type: file, file: {{path: {d}/b, lifetime: {b_lifetime}}}}}\n{extra}",
+                d = dir.path().display()
+            )
+        };
+        let b = broker(&yaml("1h", ""));
+        for p in ["a", "b"] {
+            b.get_token(Peer::default(), msg(p)).await.unwrap();
+        }
+        assert_eq!(b.cache().entry_count(), 2);
+        let a_before = b.provider("a").unwrap();
+        let next = Config::parse(&yaml("2h", "  - {name: c, type: aws}\n"), "t").unwrap();
+        let done = b.reload(&next);
+        assert_eq!(done.kept, ["a"]);
+        assert_eq!(done.replaced, ["b"]);
+        assert_eq!(done.added, ["c"]);
+        assert_eq!(done.invalidated, 1);
+        assert!(
+            Arc::ptr_eq(&a_before, &b.provider("a").unwrap()),
+            "unchanged provider kept"
+        );
+        let entries = b.cache().entries();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(&*entries[0].key.provider, "a");
+        let removed = b.reload(&Config::parse(&yaml("2h", ""), "t").unwrap());
+        assert_eq!(removed.removed, ["c"]);
+        assert!(b.provider("c").is_none());
     }
 
     #[test]

@@ -359,15 +359,28 @@ impl Broker {
     pub fn start(config: &str) -> Broker {
         let dir = tempdir();
         let socket = dir.path().join("broker.sock");
-        Broker::start_in(dir, config, &socket)
+        Broker::start_in(dir, config, &socket, &[], &[])
     }
 
     /// Like [`Broker::start`], with `{socket}` replaced by `socket`.
     pub fn start_at(config: &str, socket: &Path) -> Broker {
-        Broker::start_in(tempdir(), config, socket)
+        Broker::start_in(tempdir(), config, socket, &[], &[])
     }
 
-    fn start_in(dir: TempDir, config: &str, socket: &Path) -> Broker {
+    /// Like [`Broker::start`], with extra `serve` flags and environment variables.
+    pub fn start_with(config: &str, args: &[&str], env: &[(&str, &str)]) -> Broker {
+        let dir = tempdir();
+        let socket = dir.path().join("broker.sock");
+        Broker::start_in(dir, config, &socket, args, env)
+    }
+
+    fn start_in(
+        dir: TempDir,
+        config: &str,
+        socket: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Broker {
         let config_path = dir.path().join("config.yaml");
         let text = config.replace("{socket}", socket.to_str().expect("UTF-8 socket path"));
         std::fs::write(&config_path, text).expect("write broker config");
@@ -377,6 +390,8 @@ impl Broker {
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
+            .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("dup log file"))
             .stderr(log_file)

@@ -365,3 +365,87 @@ async fn the_sweeper_runs_on_its_own() {
     assert_eq!(cache.entry_count(), 0);
     sweeper.abort();
 }
+
+#[tokio::test(start_paused = true)]
+async fn entries_show_schedule_clusters_and_state_but_no_secret() {
+    let (cache, fake, p) = setup(HOUR);
+    get(&cache, &p, "a").await.unwrap();
+    get(&cache, &p, "a").await.unwrap();
+    let entries = cache.entries();
+    assert_eq!(entries.len(), 1);
+    let e = &entries[0];
+    assert_eq!(
+        (e.clusters.as_slice(), e.hits, e.state),
+        (&["a".to_owned()][..], 1, EntryState::Fresh)
+    );
+    assert!(e.refresh_at.unwrap() < e.expires_at.unwrap());
+    assert!(
+        !format!("{entries:?}").contains("fake-a-1"),
+        "no credential in entry info"
+    );
+    fake.fail_with(Some(ProviderError::Unavailable("down".into())));
+    tokio::time::advance(40 * MIN).await;
+    get(&cache, &p, "a").await.unwrap();
+    settle().await;
+    let e = &cache.entries()[0];
+    assert_eq!((e.state, e.failures), (EntryState::BackingOff, 1));
+    assert_eq!(e.last_error.as_deref(), Some("down"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalidate_and_forced_refresh() {
+    let (cache, fake, p) = setup(HOUR);
+    for c in ["a", "b", "c"] {
+        get(&cache, &p, c).await.unwrap();
+    }
+    cache.refresh(&key("b"), &p).await.unwrap();
+    assert_eq!(
+        fake.calls(),
+        4,
+        "a forced refresh calls upstream even when fresh"
+    );
+    assert_eq!(token(&get(&cache, &p, "b").await.unwrap()), "fake-b-4");
+    assert_eq!(cache.invalidate(|k| k.identity != "a"), 2);
+    assert_eq!(cache.entry_count(), 1);
+    assert!(
+        cache.refresh(&key("b"), &p).await.is_err(),
+        "no entry to refresh"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_observer_sees_every_upstream_call() {
+    #[derive(Default)]
+    struct Seen(std::sync::Mutex<Vec<(String, bool, bool)>>);
+    impl CacheObserver for Seen {
+        fn upstream_call(
+            &self,
+            provider: &str,
+            _: Duration,
+            result: Result<(), &CacheError>,
+            background: bool,
+        ) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((provider.to_owned(), result.is_ok(), background));
+        }
+    }
+    let seen = Arc::new(Seen::default());
+    let fake = Arc::new(FakeProvider::new(HOUR));
+    let p: Arc<dyn Provider> = fake.clone();
+    let cache = Cache::new(settings()).with_observer(seen.clone());
+    get(&cache, &p, "a").await.unwrap();
+    fake.fail_with(Some(ProviderError::Unavailable("down".into())));
+    tokio::time::advance(40 * MIN).await;
+    get(&cache, &p, "a").await.unwrap();
+    settle().await;
+    let calls = seen.0.lock().unwrap().clone();
+    assert_eq!(
+        calls,
+        [
+            ("fake".to_owned(), true, false),
+            ("fake".to_owned(), false, true)
+        ]
+    );
+}

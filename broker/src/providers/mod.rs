@@ -133,6 +133,11 @@ pub trait Provider: Send + Sync + fmt::Debug {
     fn is_current(&self, _req: &TokenRequest, _cached: &Credential) -> bool {
         true
     }
+
+    /// False when this build cannot serve the provider's type at all.
+    fn available(&self) -> bool {
+        true
+    }
 }
 
 /// Builds the provider a config entry describes. Cheap and infallible: providers that need

@@ -36,6 +36,10 @@ impl Provider for Unbuilt {
         self.kind
     }
 
+    fn available(&self) -> bool {
+        false
+    }
+
     fn identity(&self, _req: &TokenRequest) -> Result<String, ProviderError> {
         Err(self.error())
     }

@@ -1,0 +1,281 @@
+//! `credbroker.v1.AdminService`: what operators see and the levers they pull. Lists
+//! entries and providers (never a credential), drops and refreshes entries. Only callers
+//! in `socket.adminUids` get in.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
+
+use credbroker_proto::v1::admin_service_server::AdminService;
+use credbroker_proto::v1::{
+    Entry, InvalidateRequest, InvalidateResponse, ListEntriesRequest, ListEntriesResponse,
+    ListProvidersRequest, ListProvidersResponse, ProviderStatus, RefreshRequest, RefreshResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::cache::{CacheError, CacheKey, EntryInfo};
+use crate::server::{Broker, BrokerError, Peer};
+
+/// Each provider's last upstream success and failure, fed by the cache's observer.
+#[derive(Debug, Default)]
+pub struct ProviderHealth {
+    by_provider: Mutex<HashMap<String, Health>>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Health {
+    pub last_success: Option<SystemTime>,
+    pub last_error: Option<(String, SystemTime)>,
+    /// Whether the most recent upstream call failed.
+    pub failing: bool,
+}
+
+impl ProviderHealth {
+    pub fn record(&self, provider: &str, result: Result<(), &CacheError>) {
+        let mut map = self
+            .by_provider
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let health = map.entry(provider.to_owned()).or_default();
+        match result {
+            Ok(()) => {
+                health.last_success = Some(SystemTime::now());
+                health.failing = false;
+            }
+            Err(e) => {
+                health.last_error = Some((e.to_string(), SystemTime::now()));
+                health.failing = true;
+            }
+        }
+    }
+
+    pub fn get(&self, provider: &str) -> Health {
+        let map = self
+            .by_provider
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        map.get(provider).cloned().unwrap_or_default()
+    }
+}
+
+/// Which entries an Invalidate or Refresh targets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Selection {
+    All,
+    Provider(String),
+    One(CacheKey),
+}
+
+impl Selection {
+    fn parse(provider: String, identity: String, all: bool) -> Result<Self, BrokerError> {
+        match (all, provider.is_empty(), identity.is_empty()) {
+            (true, true, true) => Ok(Self::All),
+            (true, _, _) => Err(BrokerError::BadSelection(
+                "all = true selects every entry: leave provider and identity empty".into(),
+            )),
+            (false, true, true) => Err(BrokerError::BadSelection(
+                "select entries with provider (and identity), or all = true".into(),
+            )),
+            (false, true, false) => Err(BrokerError::BadSelection(
+                "identity needs its provider".into(),
+            )),
+            (false, false, true) => Ok(Self::Provider(provider)),
+            (false, false, false) => Ok(Self::One(CacheKey {
+                provider: provider.as_str().into(),
+                identity,
+            })),
+        }
+    }
+
+    fn matches(&self, key: &CacheKey) -> bool {
+        match self {
+            Self::All => true,
+            Self::Provider(p) => *key.provider == **p,
+            Self::One(k) => k == key,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminApi {
+    broker: Arc<Broker>,
+}
+
+impl AdminApi {
+    pub fn new(broker: Arc<Broker>) -> Self {
+        Self { broker }
+    }
+
+    fn authorize<T>(&self, request: &Request<T>, call: &str) -> Result<(), Status> {
+        let peer = Peer::of(request);
+        self.broker.authorize_admin(peer).map_err(|e| {
+            tracing::warn!(uid = ?peer.uid, call, "AdminService call refused");
+            Status::from(e)
+        })
+    }
+}
+
+fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    prost_types::Timestamp::from(t)
+}
+
+fn entry(info: EntryInfo) -> Entry {
+    Entry {
+        provider: info.key.provider.to_string(),
+        identity: info.key.identity,
+        clusters: info.clusters,
+        more_clusters: info.more_clusters,
+        expires_at: info.expires_at.map(timestamp),
+        refresh_at: info.refresh_at.map(timestamp),
+        hits: info.hits,
+        state: info.state.as_str().to_owned(),
+        last_error: info.last_error.unwrap_or_default(),
+        failures: info.failures,
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminApi {
+    async fn list_entries(
+        &self,
+        request: Request<ListEntriesRequest>,
+    ) -> Result<Response<ListEntriesResponse>, Status> {
+        self.authorize(&request, "ListEntries")?;
+        let provider = request.into_inner().provider;
+        let entries = self
+            .broker
+            .cache()
+            .entries()
+            .into_iter()
+            .filter(|e| provider.is_empty() || *e.key.provider == *provider)
+            .map(entry)
+            .collect();
+        Ok(Response::new(ListEntriesResponse { entries }))
+    }
+
+    async fn invalidate(
+        &self,
+        request: Request<InvalidateRequest>,
+    ) -> Result<Response<InvalidateResponse>, Status> {
+        self.authorize(&request, "Invalidate")?;
+        let r = request.into_inner();
+        let selection = Selection::parse(r.provider, r.identity, r.all)?;
+        let invalidated = self.broker.cache().invalidate(|k| selection.matches(k));
+        tracing::info!(?selection, invalidated, "AdminService: entries invalidated");
+        Ok(Response::new(InvalidateResponse {
+            invalidated: u32::try_from(invalidated).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn refresh(
+        &self,
+        request: Request<RefreshRequest>,
+    ) -> Result<Response<RefreshResponse>, Status> {
+        self.authorize(&request, "Refresh")?;
+        let r = request.into_inner();
+        let selection = Selection::parse(r.provider, r.identity, r.all)?;
+        let keys = self.broker.cache().keys(|k| selection.matches(k));
+        let refreshes = keys.iter().map(|key| async move {
+            let Some(provider) = self.broker.provider(&key.provider) else {
+                return Err(format!(
+                    "provider {:?} is no longer configured",
+                    key.provider
+                ));
+            };
+            self.broker
+                .cache()
+                .refresh(key, &provider)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "provider {:?}, identity {:?}: {e}",
+                        key.provider, key.identity
+                    )
+                })
+        });
+        let results = futures_util::future::join_all(refreshes).await;
+        let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        let failed = u32::try_from(errors.len()).unwrap_or(u32::MAX);
+        let refreshed = u32::try_from(keys.len()).unwrap_or(u32::MAX) - failed;
+        tracing::info!(
+            ?selection,
+            refreshed,
+            failed,
+            "AdminService: entries refreshed"
+        );
+        Ok(Response::new(RefreshResponse {
+            refreshed,
+            failed,
+            errors,
+        }))
+    }
+
+    async fn list_providers(
+        &self,
+        request: Request<ListProvidersRequest>,
+    ) -> Result<Response<ListProvidersResponse>, Status> {
+        self.authorize(&request, "ListProviders")?;
+        let providers = self
+            .broker
+            .providers()
+            .into_iter()
+            .map(|c| {
+                let health = self.broker.health().get(&c.config.name);
+                ProviderStatus {
+                    name: c.config.name.clone(),
+                    r#type: c.config.kind.as_str().to_owned(),
+                    ready: c.provider.available() && !health.failing,
+                    last_success: health.last_success.map(timestamp),
+                    last_error: health
+                        .last_error
+                        .as_ref()
+                        .map(|(e, _)| e.clone())
+                        .unwrap_or_default(),
+                    last_error_time: health.last_error.map(|(_, t)| timestamp(t)),
+                }
+            })
+            .collect();
+        Ok(Response::new(ListProvidersResponse { providers }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selections_are_explicit() {
+        assert_eq!(
+            Selection::parse(String::new(), String::new(), true).unwrap(),
+            Selection::All
+        );
+        assert_eq!(
+            Selection::parse("p".into(), String::new(), false).unwrap(),
+            Selection::Provider("p".into())
+        );
+        let one = Selection::parse("p".into(), "id".into(), false).unwrap();
+        assert!(one.matches(&CacheKey {
+            provider: "p".into(),
+            identity: "id".into()
+        }));
+        assert!(!one.matches(&CacheKey {
+            provider: "p".into(),
+            identity: "other".into()
+        }));
+        for (p, i, all) in [("", "", false), ("", "id", false), ("p", "", true)] {
+            let err = Selection::parse(p.into(), i.into(), all).unwrap_err();
+            assert_eq!(Status::from(err).code(), tonic::Code::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn health_tracks_the_last_call() {
+        let h = ProviderHealth::default();
+        assert_eq!(h.get("p"), Health::default());
+        h.record("p", Err(&CacheError::Expired));
+        assert!(h.get("p").failing);
+        h.record("p", Ok(()));
+        let now = h.get("p");
+        assert!(!now.failing && now.last_success.is_some() && now.last_error.is_some());
+    }
+}

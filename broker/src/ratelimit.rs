@@ -1,0 +1,177 @@
+//! A per-caller token bucket in front of the token and admin services: one runaway
+//! client (a controller stuck in a re-auth loop) cannot starve the others, while probes
+//! always get through.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use tokio::time::Instant;
+use tonic::transport::server::UdsConnectInfo;
+
+use crate::config::RateLimitConfig;
+
+/// Never limited: health (a throttled probe would restart a healthy broker) and reflection
+/// (operators' grpcurl must work while a runaway caller is being throttled). Neither ever
+/// reaches upstream.
+const EXEMPT_PREFIXES: [&str; 3] = [
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1.ServerReflection/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+];
+/// Callers whose uid the socket could not tell share one bucket.
+const UNKNOWN_CALLER: u32 = u32::MAX;
+
+#[derive(Debug, Clone)]
+pub struct RateLimitLayer {
+    limiter: Arc<Limiter>,
+}
+
+impl RateLimitLayer {
+    pub fn new(config: &RateLimitConfig) -> Self {
+        Self {
+            limiter: Arc::new(Limiter::new(config)),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            limiter: self.limiter.clone(),
+        }
+    }
+}
+
+/// The buckets, one per caller uid. Their number is bounded by the uids that can open the
+/// socket (a handful in a pod).
+#[derive(Debug)]
+pub struct Limiter {
+    per_second: f64,
+    burst: f64,
+    buckets: Mutex<HashMap<u32, Bucket>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    updated: Instant,
+}
+
+impl Limiter {
+    pub fn new(config: &RateLimitConfig) -> Self {
+        Self {
+            per_second: f64::from(config.per_second),
+            burst: f64::from(config.burst),
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one token from `uid`'s bucket; false when it is empty.
+    pub fn allow(&self, uid: u32) -> bool {
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        let bucket = buckets.entry(uid).or_insert(Bucket {
+            tokens: self.burst,
+            updated: now,
+        });
+        let refill = now.saturating_duration_since(bucket.updated).as_secs_f64() * self.per_second;
+        bucket.tokens = (bucket.tokens + refill).min(self.burst);
+        bucket.updated = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    limiter: Arc<Limiter>,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for RateLimit<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        futures_util::future::Either<S::Future, std::future::Ready<Result<S::Response, S::Error>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if EXEMPT_PREFIXES
+            .iter()
+            .any(|p| req.uri().path().starts_with(p))
+        {
+            return futures_util::future::Either::Left(self.inner.call(req));
+        }
+        let uid = req
+            .extensions()
+            .get::<UdsConnectInfo>()
+            .and_then(|info| info.peer_cred)
+            .map_or(UNKNOWN_CALLER, |cred| cred.uid());
+        if self.limiter.allow(uid) {
+            return futures_util::future::Either::Left(self.inner.call(req));
+        }
+        tracing::warn!(uid, path = req.uri().path(), "rate limit exceeded");
+        let status = tonic::Status::resource_exhausted(format!(
+            "caller uid {uid} exceeded the rate limit of {}/s (burst {}); slow down or raise rateLimit in the broker config",
+            self.limiter.per_second, self.limiter.burst
+        ));
+        futures_util::future::Either::Right(std::future::ready(Ok(status.into_http())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn bursts_are_cut_and_the_bucket_refills() {
+        let limiter = Limiter::new(&RateLimitConfig {
+            per_second: 10,
+            burst: 5,
+        });
+        assert!((0..5).all(|_| limiter.allow(1)));
+        assert!(
+            !limiter.allow(1),
+            "the sixth call in the same instant is refused"
+        );
+        assert!(limiter.allow(2), "other callers have their own bucket");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(limiter.allow(1), "one token back after 1/10 s");
+        assert!(!limiter.allow(1));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(
+            (0..10).filter(|_| limiter.allow(1)).count(),
+            5,
+            "refill stops at the burst"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_polite_caller_is_never_refused() {
+        let limiter = Limiter::new(&RateLimitConfig {
+            per_second: 10,
+            burst: 5,
+        });
+        for _ in 0..1000 {
+            assert!(limiter.allow(7));
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+    }
+}
