@@ -54,6 +54,12 @@ say "format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+say "slim broker builds: no cloud provider, and each one alone"
+cargo clippy --locked -p credbroker --no-default-features --all-targets -- -D warnings
+for feature in aws gcp azure; do
+    cargo clippy --locked -p credbroker --no-default-features --features "$feature" --all-targets -- -D warnings
+done
+
 say "static, size-optimised shim"
 cargo build --locked --profile shim -p credbroker-shim
 shim=target/x86_64-unknown-linux-gnu/shim/credbroker-shim

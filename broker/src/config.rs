@@ -202,6 +202,18 @@ pub enum ProviderKind {
 }
 
 impl ProviderKind {
+    /// Whether this build can serve the type (cloud types are Cargo features).
+    pub fn built_in(self) -> bool {
+        match self {
+            Self::Exec | Self::File => true,
+            Self::Aws => cfg!(feature = "aws"),
+            Self::Gcp => cfg!(feature = "gcp"),
+            Self::Azure => cfg!(feature = "azure"),
+            // Not implemented yet: its own issue.
+            Self::KubernetesSecret => false,
+        }
+    }
+
     /// The name used in the config (`type:`) and in the section key.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -943,10 +955,20 @@ impl Config {
         Self::parse(&text, &file)
     }
 
-    /// The built-in configuration of `credbroker serve` without `--config`.
-    pub fn embedded_default() -> Self {
-        #[allow(clippy::expect_used)] // checked by a unit test; a broken build must not ship
-        Self::parse(EMBEDDED_DEFAULT, "<embedded default>").expect("embedded default config")
+    /// The built-in configuration of `credbroker serve` without `--config`: the cloud
+    /// providers this build has (a slim build offers only what it can serve).
+    pub fn embedded_default() -> Result<Self, ConfigError> {
+        const SOURCE: &str = "<embedded default>";
+        let mut config = Self::parse(EMBEDDED_DEFAULT, SOURCE)?;
+        config.providers.retain(|p| p.kind.built_in());
+        if config.providers.is_empty() {
+            return Err(ConfigError::Invalid {
+                file: SOURCE.to_owned(),
+                path: "providers".to_owned(),
+                message: "this build has none of the cloud providers (Cargo features aws, gcp, azure); pass --config".to_owned(),
+            });
+        }
+        Ok(config)
     }
 
     /// Parses and validates YAML text; `file` names the source in errors.
@@ -1189,11 +1211,34 @@ mod tests {
         "providers:\n  - name: onprem\n    type: exec\n    exec: {command: /bin/plugin}\n";
 
     #[test]
-    fn embedded_default_parses() {
-        let config = Config::embedded_default();
-        let names: Vec<_> = config.providers.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["aws", "gcp", "azure"]);
-        assert_eq!(config.socket.path, Path::new(DEFAULT_SOCKET_PATH));
+    fn embedded_default_follows_the_features() {
+        let built: Vec<&str> = [
+            ("aws", cfg!(feature = "aws")),
+            ("gcp", cfg!(feature = "gcp")),
+            ("azure", cfg!(feature = "azure")),
+        ]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
+        match Config::embedded_default() {
+            Ok(config) => {
+                let names: Vec<_> = config.providers.iter().map(|p| p.name.as_str()).collect();
+                assert_eq!(names, built);
+                assert_eq!(config.socket.path, Path::new(DEFAULT_SOCKET_PATH));
+            }
+            Err(e) => {
+                assert!(built.is_empty(), "{e}");
+                assert!(e.to_string().contains("pass --config"), "{e}");
+            }
+        }
+        // The full default, whatever this build has, is valid.
+        assert_eq!(
+            Config::parse(EMBEDDED_DEFAULT, "t")
+                .unwrap()
+                .providers
+                .len(),
+            3
+        );
     }
 
     #[test]

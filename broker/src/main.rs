@@ -115,7 +115,7 @@ fn run(command: Command) -> Result<(), String> {
             init_logging(log_format);
             let (config, config_path) = match config {
                 Some(file) => (Config::load(&file).map_err(|e| e.to_string())?, Some(file)),
-                None => (Config::embedded_default(), None),
+                None => (Config::embedded_default().map_err(|e| e.to_string())?, None),
             };
             let socket = socket.unwrap_or_else(|| config.socket.path.clone());
             if !socket.is_absolute() {

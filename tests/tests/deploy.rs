@@ -1,0 +1,1367 @@
+//! `deploy/` and `scripts/image-content.sh`: what a platform team applies to put credbroker
+//! into Kueue's manager pod.
+//!
+//! - every kustomization under `deploy/` renders with `kubectl kustomize`;
+//! - the rendered objects hold together: a hardened native sidecar sharing the socket volume
+//!   with the manager, a broker config that passes `credbroker check-config`, a Kueue config
+//!   whose exec entries run the shim with `provideClusterInfo: true`, example ClusterProfiles
+//!   carrying what their provider needs, identity overlays wiring the manager's ServiceAccount;
+//! - the image-content script lays out static binaries where the manifests expect them, and
+//!   in an empty root the rendered broker config serves the rendered probe and an example
+//!   cluster's token to the rendered Kueue exec entry.
+//!
+//! The script is run once per test process with `--profile debug` (a release build takes
+//! minutes); its output lands in `CARGO_TARGET_TMPDIR/deploy-image-content`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use base64::Engine as _;
+use credbroker_tests::{
+    BROKER_TIMEOUT, COMMAND_TIMEOUT, Running, V1, assert_credential, assert_shim_error, describe,
+    require_tool, run, run_broker_cli, send_signal, tempdir, wait_until,
+};
+use serde_json::{Value, json};
+
+/// The two complete overlays and how each delivers the shim.
+const OVERLAYS: [(&str, Delivery); 2] = [
+    ("deploy/kueue/image-volume", Delivery::ImageVolume),
+    ("deploy/kueue/init-copy", Delivery::InitCopy),
+];
+const EXAMPLE_CLUSTERS: &str = "deploy/examples/clusters";
+const MULTIKUEUE_SETUP: &str = "deploy/examples/multikueue-setup";
+const PROVIDER_FILE: &str = "deploy/cluster-inventory/credbroker-providers.json";
+const CONTAINERFILE: &str = "deploy/Containerfile";
+
+const NAMESPACE: &str = "kueue-system";
+const DEPLOYMENT: &str = "kueue-controller-manager";
+const MANAGER: &str = "manager";
+const SIDECAR: &str = "credbroker";
+const KUEUE_CONFIGMAP: &str = "kueue-manager-config";
+const KUEUE_CONFIG_KEY: &str = "controller_manager_config.yaml";
+const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
+/// The uid of Kueue's manager image (`USER 65532:65532`) and of distroless `nonroot`.
+const NONROOT: u32 = 65532;
+/// Bound for the image-content script (a cold debug build of both binaries).
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    ImageVolume,
+    InitCopy,
+}
+
+// ---------------------------------------------------------------------------------------
+// Rendering and reading objects
+// ---------------------------------------------------------------------------------------
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .expect("workspace root")
+}
+
+fn kubectl() -> PathBuf {
+    require_tool(
+        "kubectl",
+        "install kubectl (its `kubectl kustomize` renders deploy/)",
+    )
+}
+
+/// `kubectl kustomize DIR` (relative to the repo), parsed into one JSON value per object.
+fn render(dir: &str) -> Vec<Value> {
+    let out = run(
+        Command::new(kubectl())
+            .arg("kustomize")
+            .arg(repo().join(dir)),
+        COMMAND_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {dir}: {}",
+        describe(&out)
+    );
+    let text = String::from_utf8(out.stdout).expect("kustomize output is UTF-8");
+    let objects = parse_yaml_stream(&text, dir);
+    assert!(
+        !objects.is_empty(),
+        "kubectl kustomize {dir} rendered nothing"
+    );
+    objects
+}
+
+/// A `---`-separated YAML stream (what kustomize prints) as JSON values.
+fn parse_yaml_stream(text: &str, what: &str) -> Vec<Value> {
+    let mut docs = vec![String::new()];
+    for line in text.lines() {
+        if line == "---" {
+            docs.push(String::new());
+        } else {
+            let doc = docs.last_mut().expect("at least one doc");
+            doc.push_str(line);
+            doc.push('\n');
+        }
+    }
+    docs.iter()
+        .filter(|d| !d.trim().is_empty())
+        .map(|d| parse_yaml(d, what))
+        .collect()
+}
+
+fn parse_yaml(text: &str, what: &str) -> Value {
+    serde_norway::from_str(text).unwrap_or_else(|e| panic!("{what}: not YAML ({e}):\n{text}"))
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| {
+            let have: Vec<String> = objects
+                .iter()
+                .map(|o| format!("{}/{}", o["kind"], o["metadata"]["name"]))
+                .collect();
+            panic!("no {kind} {name} among the rendered objects: {have:?}")
+        })
+}
+
+fn all<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objects.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+fn str_of<'a>(v: &'a Value, what: &str) -> &'a str {
+    v.as_str()
+        .unwrap_or_else(|| panic!("{what} should be a string, is {v}"))
+}
+
+fn list<'a>(v: &'a Value, what: &str) -> &'a Vec<Value> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("{what} should be a list, is {v}"))
+}
+
+fn strings(v: &Value, what: &str) -> Vec<String> {
+    list(v, what)
+        .iter()
+        .map(|s| str_of(s, what).to_owned())
+        .collect()
+}
+
+fn named<'a>(items: &'a Value, name: &str, what: &str) -> &'a Value {
+    list(items, what)
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no {what} named {name:?} in {items}"))
+}
+
+/// Kueue's manager pod spec in a rendered overlay.
+fn pod_spec(objects: &[Value]) -> &Value {
+    let deployment = find(objects, "Deployment", DEPLOYMENT);
+    assert_eq!(deployment["metadata"]["namespace"], NAMESPACE);
+    &deployment["spec"]["template"]["spec"]
+}
+
+fn sidecar(pod: &Value) -> &Value {
+    named(&pod["initContainers"], SIDECAR, "init container")
+}
+
+fn manager(pod: &Value) -> &Value {
+    named(&pod["containers"], MANAGER, "container")
+}
+
+fn volume<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    named(&pod["volumes"], name, "volume")
+}
+
+/// The mount of `container` whose mountPath is `path` or the longest prefix of it:
+/// (volume name, mountPath, subPath).
+fn mount_for(container: &Value, path: &str) -> (String, String, String) {
+    list(&container["volumeMounts"], "volumeMounts")
+        .iter()
+        .filter_map(|m| {
+            let at = m["mountPath"].as_str()?;
+            let inside = path == at || path.starts_with(&format!("{}/", at.trim_end_matches('/')));
+            inside.then(|| {
+                (
+                    str_of(&m["name"], "volumeMounts[].name").to_owned(),
+                    at.to_owned(),
+                    m["subPath"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+        })
+        .max_by_key(|(_, at, _)| at.len())
+        .unwrap_or_else(|| {
+            panic!(
+                "container {} mounts nothing at {path}: {}",
+                container["name"], container["volumeMounts"]
+            )
+        })
+}
+
+/// `data[key]` of the ConfigMap a volume of `pod` refers to.
+fn configmap_file(objects: &[Value], pod: &Value, volume_name: &str, key: &str) -> String {
+    let vol = volume(pod, volume_name);
+    let cm_name = str_of(
+        &vol["configMap"]["name"],
+        &format!("volume {volume_name} configMap.name"),
+    );
+    let cm = find(objects, "ConfigMap", cm_name);
+    str_of(
+        &cm["data"][key],
+        &format!("ConfigMap {cm_name} data[{key:?}]"),
+    )
+    .to_owned()
+}
+
+/// The broker config the sidecar runs: the file named by `serve --config PATH`, read from the
+/// ConfigMap mounted over PATH's directory.
+fn broker_config_text(objects: &[Value]) -> String {
+    let pod = pod_spec(objects);
+    let args = strings(&sidecar(pod)["args"], "sidecar args");
+    let at = args
+        .iter()
+        .position(|a| a == "--config")
+        .unwrap_or_else(|| panic!("the sidecar runs `serve --config FILE`: {args:?}"));
+    assert_eq!(args[0], "serve", "sidecar args: {args:?}");
+    let path = args.get(at + 1).expect("--config has a value");
+    let (vol, mount_path, sub_path) = mount_for(sidecar(pod), path);
+    assert!(
+        sub_path.is_empty(),
+        "mount the config directory, not a subPath (a subPath never sees ConfigMap updates)"
+    );
+    let key = path
+        .strip_prefix(&format!("{mount_path}/"))
+        .unwrap_or_else(|| panic!("{path} is not inside {mount_path}"));
+    configmap_file(objects, pod, &vol, key)
+}
+
+fn broker_config(objects: &[Value]) -> Value {
+    parse_yaml(&broker_config_text(objects), "the broker config")
+}
+
+/// Kueue's Configuration as the manager reads it (`--config=FILE`, mounted from a ConfigMap).
+fn kueue_config(objects: &[Value]) -> Value {
+    let pod = pod_spec(objects);
+    let args = strings(&manager(pod)["args"], "manager args");
+    let path = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--config="))
+        .unwrap_or_else(|| panic!("the manager runs with --config=FILE: {args:?}"));
+    let (vol, _, sub_path) = mount_for(manager(pod), path);
+    assert_eq!(
+        sub_path, KUEUE_CONFIG_KEY,
+        "Kueue mounts its config file by subPath"
+    );
+    let cm_name = volume(pod, &vol)["configMap"]["name"].clone();
+    assert_eq!(
+        cm_name, KUEUE_CONFIGMAP,
+        "the manager reads {KUEUE_CONFIGMAP}"
+    );
+    let text = configmap_file(objects, pod, &vol, KUEUE_CONFIG_KEY);
+    parse_yaml(&text, "Kueue's controller_manager_config.yaml")
+}
+
+/// The exec entries of Kueue's `multiKueue.clusterProfile` (whichever list name is used).
+fn kueue_access_providers(kueue: &Value) -> Vec<Value> {
+    let cp = &kueue["multiKueue"]["clusterProfile"];
+    let access = cp["accessProviders"].as_array();
+    let legacy = cp["credentialsProviders"].as_array();
+    match (access, legacy) {
+        (Some(a), None) | (None, Some(a)) if !a.is_empty() => a.clone(),
+        (Some(_), Some(_)) => {
+            panic!("Kueue refuses accessProviders and credentialsProviders together: {cp}")
+        }
+        _ => panic!("multiKueue.clusterProfile has no access providers: {cp}"),
+    }
+}
+
+/// `--provider NAME` of an exec entry's args.
+fn shim_provider(exec: &Value) -> String {
+    let args = strings(&exec["args"], "execConfig.args");
+    match args.as_slice() {
+        [flag, name] if flag == "--provider" => name.clone(),
+        _ => panic!("execConfig.args should be [--provider, NAME], is {args:?}"),
+    }
+}
+
+fn broker_provider<'a>(broker: &'a Value, name: &str) -> &'a Value {
+    named(&broker["providers"], name, "broker provider")
+}
+
+// ---------------------------------------------------------------------------------------
+// Every kustomization renders
+// ---------------------------------------------------------------------------------------
+
+fn kustomizations(dir: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read deploy/") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            kustomizations(&path, found);
+        } else if path.file_name().is_some_and(|n| n == "kustomization.yaml") {
+            found.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_kustomization_under_deploy_renders() {
+    let root = repo();
+    let mut files = Vec::new();
+    kustomizations(&root.join("deploy"), &mut files);
+    files.sort();
+    let mut components = BTreeSet::new();
+    let mut used_components = BTreeSet::new();
+    let mut rendered = 0;
+    for file in &files {
+        let dir = file.parent().expect("parent").to_path_buf();
+        let rel = dir
+            .strip_prefix(&root)
+            .expect("under the repo")
+            .to_str()
+            .expect("UTF-8")
+            .to_owned();
+        let k = parse_yaml(
+            &std::fs::read_to_string(file).expect("read kustomization"),
+            &rel,
+        );
+        if k["kind"] == "Component" {
+            components.insert(dir.clone());
+            continue;
+        }
+        for c in k["components"].as_array().into_iter().flatten() {
+            let c = dir
+                .join(str_of(c, "components[]"))
+                .canonicalize()
+                .expect("component dir exists");
+            used_components.insert(c);
+        }
+        let objects = render(&rel);
+        for o in &objects {
+            assert!(
+                o["apiVersion"].is_string()
+                    && o["kind"].is_string()
+                    && o["metadata"]["name"].is_string(),
+                "{rel} rendered an object without apiVersion/kind/name: {o}"
+            );
+        }
+        rendered += 1;
+    }
+    assert!(
+        rendered >= 2 + 3 + 2,
+        "expected the two overlays, three identity examples and two example sets, rendered {rendered}: {files:?}"
+    );
+    let unused: Vec<_> = components.difference(&used_components).collect();
+    assert!(
+        unused.is_empty(),
+        "components no rendered kustomization uses (so never rendered): {unused:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The sidecar
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn sidecar_is_a_hardened_native_sidecar_sharing_the_socket_with_the_manager() {
+    for (dir, _) in OVERLAYS {
+        let objects = render(dir);
+        let pod = pod_spec(&objects);
+        let side = sidecar(pod);
+        let mgr = manager(pod);
+        let ctx = format!("{dir}: sidecar {side}");
+
+        assert_eq!(
+            side["restartPolicy"], "Always",
+            "a native sidecar is an init container with restartPolicy Always: {ctx}"
+        );
+        let image = str_of(&side["image"], "sidecar image");
+        assert!(
+            image.contains('/') && image.contains(':'),
+            "the overlay's `images:` sets the sidecar image (REGISTRY/credbroker:TAG), got {image:?}"
+        );
+
+        // Hardened: per container, or inherited from the pod.
+        let sc = |key: &str| {
+            let own = &side["securityContext"][key];
+            if own.is_null() {
+                pod["securityContext"][key].clone()
+            } else {
+                own.clone()
+            }
+        };
+        assert_eq!(sc("runAsNonRoot"), true, "{ctx}");
+        assert_eq!(sc("allowPrivilegeEscalation"), false, "{ctx}");
+        assert_eq!(sc("readOnlyRootFilesystem"), true, "{ctx}");
+        assert_eq!(sc("seccompProfile")["type"], "RuntimeDefault", "{ctx}");
+        assert!(
+            strings(&sc("capabilities")["drop"], "capabilities.drop").contains(&"ALL".to_owned()),
+            "{ctx}"
+        );
+        for bound in ["requests", "limits"] {
+            for resource in ["cpu", "memory"] {
+                assert!(
+                    side["resources"][bound][resource].is_string(),
+                    "sidecar resources.{bound}.{resource} must be set: {ctx}"
+                );
+            }
+        }
+
+        // The socket: the broker config's socket.path is inside an emptyDir the sidecar mounts,
+        // and the manager mounts the same volume at the same path (the shim's default socket).
+        let broker = broker_config(&objects);
+        let socket = str_of(&broker["socket"]["path"], "socket.path");
+        assert_eq!(
+            socket, "/var/run/credbroker/broker.sock",
+            "the shim's default socket, so Kueue's exec entries need no --socket"
+        );
+        let (side_vol, side_at, side_sub) = mount_for(side, socket);
+        let (mgr_vol, mgr_at, mgr_sub) = mount_for(mgr, socket);
+        assert_eq!(
+            (&side_vol, &side_at, &side_sub),
+            (&mgr_vol, &mgr_at, &mgr_sub),
+            "{dir}: sidecar and manager must see the socket through one volume at one path"
+        );
+        assert!(
+            volume(pod, &side_vol)["emptyDir"].is_object(),
+            "{dir}: the socket volume is an emptyDir: {}",
+            volume(pod, &side_vol)
+        );
+        let side_mount = list(&side["volumeMounts"], "volumeMounts")
+            .iter()
+            .find(|m| m["name"] == side_vol.as_str())
+            .expect("socket mount");
+        assert_ne!(
+            side_mount["readOnly"], true,
+            "{dir}: the broker creates the socket, so its mount is writable"
+        );
+
+        // The probes: `credbroker health` from the sidecar's own image, over the socket the
+        // broker config names, bounded before the kubelet's own timeout.
+        let socket_path = str_of(&broker["socket"]["path"], "socket.path");
+        for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+            let command = strings(
+                &side[probe]["exec"]["command"],
+                &format!("{probe}.exec.command"),
+            );
+            assert_eq!(
+                command[..2],
+                ["/bin/credbroker", "health"],
+                "{dir}: {probe} runs the image's broker health check: {command:?}"
+            );
+            let flag = |name: &str| {
+                command
+                    .iter()
+                    .position(|a| a == name)
+                    .map(|i| command[i + 1].clone())
+            };
+            assert_eq!(
+                flag("--socket").as_deref(),
+                Some(socket_path),
+                "{dir}: {probe} checks the broker's socket"
+            );
+            let timeout = side[probe]["timeoutSeconds"].as_u64().unwrap_or(1);
+            let check_timeout = flag("--timeout")
+                .map(|t| {
+                    t.trim_end_matches('s')
+                        .parse::<u64>()
+                        .expect("--timeout Ns")
+                })
+                .expect("probes bound the check with --timeout");
+            assert!(
+                check_timeout < timeout,
+                "{dir}: {probe}: --timeout ({check_timeout}s) must end before the probe's timeoutSeconds ({timeout}s)"
+            );
+        }
+        let allowed: Vec<u64> = list(&broker["socket"]["allowedUids"], "allowedUids")
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect();
+        assert!(
+            allowed.contains(&u64::from(NONROOT)),
+            "{dir}: allowedUids {allowed:?} must admit Kueue's manager (uid {NONROOT})"
+        );
+    }
+}
+
+#[test]
+fn broker_config_in_the_configmap_passes_check_config() {
+    for (dir, _) in OVERLAYS {
+        let objects = render(dir);
+        let tmp = tempdir();
+        let file = tmp.path().join("config.yaml");
+        std::fs::write(&file, broker_config_text(&objects)).expect("write config");
+        let out = run_broker_cli(&["check-config".as_ref(), file.as_os_str()]);
+        assert!(
+            out.status.success(),
+            "{dir}: credbroker check-config on the rendered ConfigMap: {}",
+            describe(&out)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for p in list(&broker_config(&objects)["providers"], "providers") {
+            let name = str_of(&p["name"], "provider name");
+            assert!(
+                stdout.contains(name),
+                "{dir}: check-config lists {name}: {stdout}"
+            );
+        }
+
+        // And the check bites: an unknown key in the same file is refused, naming its path.
+        let broken =
+            broker_config_text(&objects).replacen("cache:\n", "cache:\n  bogusKey: 1\n", 1);
+        std::fs::write(&file, broken).expect("write config");
+        let out = run_broker_cli(&["check-config".as_ref(), file.as_os_str()]);
+        assert!(
+            !out.status.success(),
+            "{dir}: a bogus key must fail: {}",
+            describe(&out)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("cache.bogusKey"),
+            "{}",
+            describe(&out)
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Kueue's configuration and the provider file
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn kueue_config_runs_the_shim_with_cluster_info() {
+    for (dir, _) in OVERLAYS {
+        let objects = render(dir);
+        let kueue = kueue_config(&objects);
+        let broker = broker_config(&objects);
+        assert_eq!(
+            kueue["apiVersion"], "config.kueue.x-k8s.io/v1beta2",
+            "{dir}"
+        );
+        assert_eq!(kueue["kind"], "Configuration", "{dir}");
+        assert_eq!(
+            kueue["featureGates"]["MultiKueueClusterProfile"], true,
+            "{dir}: MultiKueue ignores ClusterProfiles without this gate"
+        );
+        let manager_args = strings(&manager(pod_spec(&objects))["args"], "manager args");
+        assert!(
+            !manager_args
+                .iter()
+                .any(|a| a.starts_with("--feature-gates")),
+            "{dir}: Kueue refuses featureGates in its config together with --feature-gates"
+        );
+        let entries = kueue_access_providers(&kueue);
+        let mut names = BTreeSet::new();
+        for entry in &entries {
+            let name = str_of(&entry["name"], "access provider name");
+            assert!(
+                names.insert(name.to_owned()),
+                "{dir}: duplicate entry {name}"
+            );
+            let exec = &entry["execConfig"];
+            let ctx = format!("{dir}: entry {name}: {exec}");
+            assert_eq!(exec["apiVersion"], V1, "{ctx}");
+            assert_eq!(exec["command"], "/plugins/bin/credbroker-shim", "{ctx}");
+            assert_eq!(
+                exec["provideClusterInfo"], true,
+                "without provideClusterInfo no per-cluster input reaches the shim: {ctx}"
+            );
+            assert_eq!(exec["interactiveMode"], "Never", "Kueue requires it: {ctx}");
+            assert!(
+                exec["env"].is_null(),
+                "the shim needs no env (default socket): {ctx}"
+            );
+            let provider = shim_provider(exec);
+            let p = broker_provider(&broker, &provider);
+            assert!(p["type"].is_string(), "{ctx}");
+        }
+        // Every workload provider of the broker is reachable from Kueue.
+        let asked: BTreeSet<String> = entries
+            .iter()
+            .map(|e| shim_provider(&e["execConfig"]))
+            .collect();
+        for p in list(&broker["providers"], "providers") {
+            let name = str_of(&p["name"], "provider name");
+            assert!(
+                asked.contains(name),
+                "{dir}: no Kueue entry asks broker provider {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn cluster_inventory_provider_file_matches_the_kueue_config() {
+    let text = std::fs::read_to_string(repo().join(PROVIDER_FILE)).expect("read provider file");
+    let file: Value = serde_json::from_str(&text).expect("the provider file is JSON");
+    let providers = list(&file["providers"], "providers");
+    let kueue = kueue_config(&render(OVERLAYS[0].0));
+    let entries = kueue_access_providers(&kueue);
+    assert_eq!(
+        providers.len(),
+        entries.len(),
+        "one provider-file entry per Kueue entry"
+    );
+    for (file_entry, kueue_entry) in providers.iter().zip(&entries) {
+        assert_eq!(file_entry["name"], kueue_entry["name"]);
+        // The file is read by encoding/json into clientcmd's ExecConfig: exactly its JSON names.
+        let keys: BTreeSet<&str> = file_entry["execConfig"]
+            .as_object()
+            .expect("execConfig object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let known: BTreeSet<&str> = [
+            "command",
+            "args",
+            "env",
+            "apiVersion",
+            "installHint",
+            "provideClusterInfo",
+            "interactiveMode",
+        ]
+        .into();
+        assert!(keys.is_subset(&known), "unknown execConfig keys: {keys:?}");
+        assert_eq!(
+            file_entry["execConfig"], kueue_entry["execConfig"],
+            "provider {} differs between {PROVIDER_FILE} and the Kueue config",
+            file_entry["name"]
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Examples
+// ---------------------------------------------------------------------------------------
+
+/// The per-cluster keys a broker provider still needs from a cluster's exec extension, given
+/// what the provider's own config sets as defaults.
+fn missing_keys(provider: &Value, extension: &Value) -> Vec<&'static str> {
+    let has = |key: &str| extension[key].as_str().is_some_and(|s| !s.is_empty());
+    let mut missing = Vec::new();
+    match str_of(&provider["type"], "provider type") {
+        "aws" => {
+            if !has("clusterName") {
+                missing.push("clusterName");
+            }
+            if !has("region") && provider["aws"]["region"].is_null() {
+                missing.push("region");
+            }
+        }
+        "azure" => {
+            if !has("serverId") && provider["azure"]["serverId"].is_null() {
+                missing.push("serverId");
+            }
+        }
+        "file" => {
+            let path = str_of(&provider["file"]["path"], "file.path");
+            if path.contains("{clusterName}") && !has("clusterName") {
+                missing.push("clusterName");
+            }
+        }
+        "exec" | "gcp" => {}
+        other => panic!("no rule for provider type {other}"),
+    }
+    missing
+}
+
+fn exec_extension(cluster: &Value) -> Value {
+    cluster["extensions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == EXEC_EXTENSION)
+        .map(|e| e["extension"].clone())
+        .unwrap_or_else(|| json!({}))
+}
+
+#[test]
+fn missing_keys_names_what_a_cluster_lacks() {
+    let aws_no_default = json!({"name": "eks", "type": "aws"});
+    assert_eq!(
+        missing_keys(&aws_no_default, &json!({})),
+        ["clusterName", "region"]
+    );
+    assert_eq!(
+        missing_keys(
+            &aws_no_default,
+            &json!({"clusterName": "a", "region": "eu-west-1"})
+        ),
+        Vec::<&str>::new()
+    );
+    let file = json!({"name": "f", "type": "file", "file": {"path": "/t/{clusterName}"}});
+    assert_eq!(
+        missing_keys(&file, &json!({"region": "x"})),
+        ["clusterName"]
+    );
+    let azure = json!({"name": "a", "type": "azure", "azure": {}});
+    assert_eq!(missing_keys(&azure, &json!({})), ["serverId"]);
+}
+
+#[test]
+fn example_cluster_profiles_carry_what_their_provider_needs() {
+    let overlay = render(OVERLAYS[0].0);
+    let kueue = kueue_config(&overlay);
+    let broker = broker_config(&overlay);
+    let entries: BTreeMap<String, String> = kueue_access_providers(&kueue)
+        .iter()
+        .map(|e| {
+            (
+                str_of(&e["name"], "name").to_owned(),
+                shim_provider(&e["execConfig"]),
+            )
+        })
+        .collect();
+
+    let examples = render(EXAMPLE_CLUSTERS);
+    let profiles = all(&examples, "ClusterProfile");
+    let mut types = BTreeSet::new();
+    for cp in &profiles {
+        let name = str_of(&cp["metadata"]["name"], "ClusterProfile name");
+        assert_eq!(cp["apiVersion"], "multicluster.x-k8s.io/v1alpha1", "{name}");
+        assert_eq!(
+            cp["metadata"]["namespace"], NAMESPACE,
+            "{name}: Kueue looks ClusterProfiles up in its own namespace"
+        );
+        assert!(
+            cp["spec"]["clusterManager"]["name"].is_string(),
+            "{name}: spec.clusterManager.name is required"
+        );
+        let providers = list(&cp["status"]["accessProviders"], "status.accessProviders");
+        assert!(!providers.is_empty(), "{name}");
+        for ap in providers {
+            let ap_name = str_of(&ap["name"], "accessProviders[].name");
+            let broker_name = entries.get(ap_name).unwrap_or_else(|| {
+                panic!("{name}: access provider {ap_name} has no Kueue entry ({entries:?})")
+            });
+            let provider = broker_provider(&broker, broker_name);
+            types.insert(str_of(&provider["type"], "type").to_owned());
+            let cluster = &ap["cluster"];
+            let server = str_of(&cluster["server"], "cluster.server");
+            assert!(
+                server.starts_with("https://"),
+                "{name}: client-go runs exec plugins only for https servers: {server}"
+            );
+            let ca = str_of(
+                &cluster["certificate-authority-data"],
+                "certificate-authority-data",
+            );
+            base64::engine::general_purpose::STANDARD
+                .decode(ca)
+                .unwrap_or_else(|e| {
+                    panic!("{name}: certificate-authority-data is not base64: {e}")
+                });
+            let extension = exec_extension(cluster);
+            let missing = missing_keys(provider, &extension);
+            assert!(
+                missing.is_empty(),
+                "{name}: provider {broker_name} ({}) needs {missing:?} in the {EXEC_EXTENSION} extension, has {extension}",
+                provider["type"]
+            );
+        }
+    }
+    assert_eq!(
+        types,
+        ["aws", "azure", "file", "gcp"].map(str::to_owned).into(),
+        "one example per provider type (EKS, GKE, AKS, on-prem)"
+    );
+
+    let profile_names: BTreeSet<&str> = profiles
+        .iter()
+        .map(|cp| str_of(&cp["metadata"]["name"], "name"))
+        .collect();
+    let clusters = all(&examples, "MultiKueueCluster");
+    assert_eq!(
+        clusters.len(),
+        profiles.len(),
+        "a MultiKueueCluster per ClusterProfile"
+    );
+    let mut cluster_names = BTreeSet::new();
+    for mkc in &clusters {
+        assert_eq!(mkc["apiVersion"], "kueue.x-k8s.io/v1beta2");
+        let source = &mkc["spec"]["clusterSource"];
+        assert!(
+            source["kubeConfig"].is_null(),
+            "exactly one of kubeConfig, clusterProfileRef"
+        );
+        let target = str_of(
+            &source["clusterProfileRef"]["name"],
+            "clusterProfileRef.name",
+        );
+        assert!(
+            profile_names.contains(target),
+            "{mkc}: no ClusterProfile {target}"
+        );
+        cluster_names.insert(str_of(&mkc["metadata"]["name"], "name").to_owned());
+    }
+
+    let setup = render(MULTIKUEUE_SETUP);
+    let config = all(&setup, "MultiKueueConfig");
+    assert_eq!(config.len(), 1);
+    for c in strings(&config[0]["spec"]["clusters"], "spec.clusters") {
+        assert!(
+            cluster_names.contains(&c),
+            "MultiKueueConfig lists unknown cluster {c}"
+        );
+    }
+    let check = all(&setup, "AdmissionCheck");
+    assert_eq!(
+        check[0]["spec"]["controllerName"],
+        "kueue.x-k8s.io/multikueue"
+    );
+    assert_eq!(
+        check[0]["spec"]["parameters"]["name"],
+        config[0]["metadata"]["name"]
+    );
+}
+
+#[test]
+fn identity_examples_wire_the_managers_service_account() {
+    let cases = [
+        (
+            "deploy/examples/identity/aws-irsa",
+            "eks.amazonaws.com/role-arn",
+            None,
+        ),
+        (
+            "deploy/examples/identity/gke-workload-identity",
+            "iam.gke.io/gcp-service-account",
+            None,
+        ),
+        (
+            "deploy/examples/identity/azure-workload-identity",
+            "azure.workload.identity/client-id",
+            Some("azure.workload.identity/use"),
+        ),
+    ];
+    for (dir, annotation, pod_label) in cases {
+        let objects = render(dir);
+        let pod = pod_spec(&objects);
+        let sa_name = str_of(&pod["serviceAccountName"], "serviceAccountName");
+        let sa = find(&objects, "ServiceAccount", sa_name);
+        assert!(
+            sa["metadata"]["annotations"][annotation].is_string(),
+            "{dir}: ServiceAccount {sa_name} lacks {annotation}: {sa}"
+        );
+        let _ = sidecar(pod);
+        if let Some(label) = pod_label {
+            let deployment = find(&objects, "Deployment", DEPLOYMENT);
+            assert_eq!(
+                deployment["spec"]["template"]["metadata"]["labels"][label], "true",
+                "{dir}: the webhook mutates only pods labelled {label}"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The image content
+// ---------------------------------------------------------------------------------------
+
+fn script() -> PathBuf {
+    repo().join("scripts/image-content.sh")
+}
+
+/// The script's output with the debug profile, built once per test process.
+fn image_content() -> &'static Path {
+    static CONTENT: OnceLock<PathBuf> = OnceLock::new();
+    CONTENT.get_or_init(|| {
+        require_tool("readelf", "install binutils");
+        let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("deploy-image-content");
+        let out = run(
+            Command::new(script())
+                .args(["--profile", "debug", "--out"])
+                .arg(&out_dir),
+            SCRIPT_TIMEOUT,
+        );
+        assert!(
+            out.status.success(),
+            "scripts/image-content.sh --profile debug: {}",
+            describe(&out)
+        );
+        out_dir
+    })
+}
+
+/// A fresh empty root holding a copy of the image content.
+fn image_root() -> tempfile::TempDir {
+    let root = tempdir();
+    let out = run(
+        Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", image_content().display()))
+            .arg(root.path()),
+        COMMAND_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "copy image content: {}",
+        describe(&out)
+    );
+    root
+}
+
+fn files_under(dir: &Path, base: &Path, found: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).expect("read dir") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            files_under(&path, base, found);
+        } else {
+            found.push(
+                path.strip_prefix(base)
+                    .expect("under base")
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+    }
+}
+
+/// `chroot [--userspec=UID:UID] ROOT CMD...`; needs root (CAP_SYS_CHROOT and setuid), as the
+/// test suite runs (scripts/test.sh).
+fn chroot_command(root: &Path, uid: Option<u32>, cmd: &[&str]) -> Command {
+    chroot_command_as(
+        root,
+        &uid.map(|u| format!("{u}:{u}")).unwrap_or_default(),
+        cmd,
+    )
+}
+
+/// Like [`chroot_command`] with a `USER:GROUP` userspec (empty: stay root).
+fn chroot_command_as(root: &Path, userspec: &str, cmd: &[&str]) -> Command {
+    let mut command = Command::new(require_tool("chroot", "coreutils chroot"));
+    if !userspec.is_empty() {
+        command.arg(format!("--userspec={userspec}"));
+    }
+    command.arg(root).args(cmd).env_clear().env("PATH", "/bin");
+    command
+}
+
+fn chroot(root: &Path, uid: Option<u32>, cmd: &[&str], env: &[(&str, &str)]) -> Output {
+    chroot_as(
+        root,
+        &uid.map(|u| format!("{u}:{u}")).unwrap_or_default(),
+        cmd,
+        env,
+    )
+}
+
+fn chroot_as(root: &Path, userspec: &str, cmd: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = chroot_command_as(root, userspec, cmd);
+    command.envs(env.iter().copied());
+    let out = run(&mut command, COMMAND_TIMEOUT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.starts_with("chroot:"),
+        "chroot failed (these tests run as root, like scripts/test.sh): {}",
+        describe(&out)
+    );
+    out
+}
+
+#[test]
+fn image_content_script_lays_out_static_binaries_that_run_in_an_empty_root() {
+    let content = image_content();
+    let mut files = Vec::new();
+    files_under(content, content, &mut files);
+    files.sort();
+    assert_eq!(
+        files,
+        ["bin/credbroker", "plugins/bin/credbroker-shim"],
+        "the image holds exactly the two binaries"
+    );
+    let readelf = require_tool("readelf", "install binutils");
+    for f in &files {
+        let path = content.join(f);
+        let mode = path.metadata().expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o755, "{f}: mode {mode:o}");
+        let out = run(
+            Command::new(&readelf).arg("-lW").arg(&path),
+            COMMAND_TIMEOUT,
+        );
+        assert!(out.status.success(), "readelf {f}: {}", describe(&out));
+        let headers = String::from_utf8_lossy(&out.stdout);
+        assert!(headers.contains("Program Headers:"), "{headers}");
+        assert!(
+            !headers.contains("INTERP"),
+            "{f} is dynamically linked:\n{headers}"
+        );
+    }
+
+    // An empty root: nothing but the two binaries (no libc, no /etc, no /proc).
+    let root = image_root();
+    let out = chroot(
+        root.path(),
+        Some(NONROOT),
+        &["/bin/credbroker", "version"],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "credbroker version in a chroot: {}",
+        describe(&out)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("credbroker "),
+        "{}",
+        describe(&out)
+    );
+    let out = chroot(
+        root.path(),
+        Some(NONROOT),
+        &["/plugins/bin/credbroker-shim", "--version"],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "credbroker-shim --version in a chroot: {}",
+        describe(&out)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("credbroker-shim "),
+        "{}",
+        describe(&out)
+    );
+}
+
+#[test]
+fn image_content_script_refuses_a_directory_it_did_not_write() {
+    let dir = tempdir();
+    let stray = dir.path().join("keep-me");
+    std::fs::write(&stray, "not ours").expect("write");
+    let out = run(
+        Command::new(script())
+            .args(["--profile", "debug", "--out"])
+            .arg(dir.path()),
+        COMMAND_TIMEOUT,
+    );
+    assert!(!out.status.success(), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("did not write"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&stray).expect("still there"),
+        "not ours"
+    );
+    let out = run(Command::new(script()).arg("--bogus"), COMMAND_TIMEOUT);
+    assert!(!out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn containerfile_copies_the_script_output_onto_distroless() {
+    let text = std::fs::read_to_string(repo().join(CONTAINERFILE)).expect("read Containerfile");
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let stages: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("FROM "))
+        .copied()
+        .collect();
+    let last = stages.last().expect("a FROM");
+    assert!(
+        last.starts_with("FROM gcr.io/distroless/static-debian12:nonroot"),
+        "the default (last) stage is distroless static nonroot: {last}"
+    );
+    assert!(
+        lines.contains(&"RUN scripts/image-content.sh --profile release --out /image-content"),
+        "the build stage runs the tested script: {lines:?}"
+    );
+    // The final stage: the script's output as the root, nothing else.
+    let final_stage: Vec<&str> = lines
+        .iter()
+        .skip_while(|l| !l.starts_with(last))
+        .copied()
+        .collect();
+    assert_eq!(
+        final_stage,
+        [
+            *last,
+            "COPY --from=content /image-content/ /",
+            "USER 65532:65532",
+            "ENTRYPOINT [\"/bin/credbroker\"]",
+            "CMD [\"serve\", \"--config\", \"/etc/credbroker/config.yaml\"]",
+        ]
+    );
+    // The installer stage's entrypoint is the copy the init-copy overlay runs.
+    let objects = render(OVERLAYS[1].0);
+    let installer = list(&pod_spec(&objects)["initContainers"], "initContainers")
+        .iter()
+        .find(|c| c["name"] != SIDECAR)
+        .expect("the installer init container");
+    let command = serde_json::to_string(&installer["command"]).expect("json");
+    assert!(
+        lines.contains(&format!("ENTRYPOINT {}", command.replace(',', ", ")).as_str()),
+        "the shim-installer stage's ENTRYPOINT is the overlay's command {command}: {lines:?}"
+    );
+}
+
+/// Where the Kueue exec command's path lands, for each delivery variant: follows the manager's
+/// mount to an image volume (the image content plus subPath) or to an emptyDir filled by an
+/// init container (its `cp -R SRC DST` re-run here with the host's cp on the image content).
+fn shim_as_the_manager_sees_it(objects: &[Value], delivery: Delivery, scratch: &Path) -> PathBuf {
+    let pod = pod_spec(objects);
+    let command = str_of(
+        &kueue_access_providers(&kueue_config(objects))[0]["execConfig"]["command"],
+        "command",
+    )
+    .to_owned();
+    let (vol, at, sub_path) = mount_for(manager(pod), &command);
+    let rest = command
+        .strip_prefix(&format!("{at}/"))
+        .expect("inside the mount");
+    let v = volume(pod, &vol);
+    let content = image_content();
+    match delivery {
+        Delivery::ImageVolume => {
+            assert!(v["image"].is_object(), "an image volume: {v}");
+            assert_eq!(
+                v["image"]["reference"],
+                sidecar(pod)["image"],
+                "the image volume is the sidecar's image (one pull, one version)"
+            );
+            content.join(&sub_path).join(rest)
+        }
+        Delivery::InitCopy => {
+            assert!(v["emptyDir"].is_object(), "an emptyDir: {v}");
+            assert!(sub_path.is_empty());
+            let installer = list(&pod["initContainers"], "initContainers")
+                .iter()
+                .find(|c| {
+                    c["restartPolicy"].is_null()
+                        && c["volumeMounts"]
+                            .as_array()
+                            .is_some_and(|ms| ms.iter().any(|m| m["name"] == vol.as_str()))
+                })
+                .expect("an init container fills the emptyDir");
+            let cmd = strings(&installer["command"], "installer command");
+            let (src, dst) = match cmd.as_slice() {
+                [cp, flag, src, dst] if cp == "/busybox/cp" && flag == "-R" => (src, dst),
+                _ => panic!("expected [/busybox/cp, -R, SRC, DST], got {cmd:?}"),
+            };
+            let (_, install_at, _) = mount_for(installer, dst);
+            let dst_rel = dst
+                .strip_prefix(&install_at)
+                .expect("DST inside the install mount")
+                .trim_start_matches('/');
+            let volume_dir = scratch.join("emptydir");
+            std::fs::create_dir_all(volume_dir.join(dst_rel)).expect("mkdir");
+            // The installer image is the image content's /plugins at /plugins.
+            let src_rel = src.strip_prefix('/').expect("absolute SRC");
+            let out = run(
+                Command::new("cp")
+                    .arg("-R")
+                    .arg(content.join(src_rel))
+                    .arg(volume_dir.join(dst_rel)),
+                COMMAND_TIMEOUT,
+            );
+            assert!(out.status.success(), "cp: {}", describe(&out));
+            volume_dir.join(rest)
+        }
+    }
+}
+
+#[test]
+fn kueue_exec_command_finds_the_shim_in_both_delivery_variants() {
+    let shim_bytes =
+        std::fs::read(image_content().join("plugins/bin/credbroker-shim")).expect("read shim");
+    for (dir, delivery) in OVERLAYS {
+        let objects = render(dir);
+        let scratch = tempdir();
+        let path = shim_as_the_manager_sees_it(&objects, delivery, scratch.path());
+        let meta = path.metadata().unwrap_or_else(|e| {
+            panic!(
+                "{dir}: the Kueue command resolves to {}, which is missing: {e}",
+                path.display()
+            )
+        });
+        assert!(
+            meta.is_file() && meta.permissions().mode() & 0o111 != 0,
+            "{dir}: {} is not executable",
+            path.display()
+        );
+        assert!(
+            std::fs::read(&path).expect("read") == shim_bytes,
+            "{dir}: {} is not the shim",
+            path.display()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// End to end in an empty root
+// ---------------------------------------------------------------------------------------
+
+fn write_file(root: &Path, path: &str, contents: &str, mode: u32) {
+    let file = root.join(path.trim_start_matches('/'));
+    std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&file, contents).expect("write");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// KUBERNETES_EXEC_INFO as client-go builds it from a ClusterProfile access provider (via
+/// cluster-inventory-api's BuildConfigFromCP): server, CA data, and the exec extension as
+/// spec.cluster.config.
+fn exec_info_for(exec: &Value, cluster: &Value) -> String {
+    json!({
+        "apiVersion": exec["apiVersion"],
+        "kind": "ExecCredential",
+        "spec": {
+            "interactive": false,
+            "cluster": {
+                "server": cluster["server"],
+                "certificate-authority-data": cluster["certificate-authority-data"],
+                "config": exec_extension(cluster),
+            },
+        },
+    })
+    .to_string()
+}
+
+#[test]
+fn rendered_config_serves_probe_and_example_cluster_in_an_empty_root() {
+    let objects = render(OVERLAYS[0].0);
+    let pod = pod_spec(&objects);
+    let side = sidecar(pod);
+    let broker = broker_config(&objects);
+    let kueue = kueue_config(&objects);
+
+    // The sidecar's filesystem: image content, the config ConfigMap at its mount, an empty
+    // socket directory (emptyDir: world-writable), the on-prem token Secret.
+    let root = image_root();
+    let args = strings(&side["args"], "sidecar args");
+    let config_path = &args[args.iter().position(|a| a == "--config").expect("--config") + 1];
+    let (config_vol, config_at, _) = mount_for(side, config_path);
+    let cm_name = str_of(
+        &volume(pod, &config_vol)["configMap"]["name"],
+        "configMap.name",
+    );
+    let cm = find(&objects, "ConfigMap", cm_name);
+    for (key, value) in cm["data"].as_object().expect("ConfigMap data") {
+        write_file(
+            root.path(),
+            &format!("{config_at}/{key}"),
+            str_of(value, key),
+            0o644,
+        );
+    }
+    let socket = str_of(&broker["socket"]["path"], "socket.path");
+    let socket_dir = root.path().join(
+        Path::new(socket)
+            .parent()
+            .expect("dir")
+            .strip_prefix("/")
+            .expect("abs"),
+    );
+    std::fs::create_dir_all(&socket_dir).expect("mkdir socket dir");
+    std::fs::set_permissions(&socket_dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+
+    let examples = render(EXAMPLE_CLUSTERS);
+    let onprem = all(&examples, "ClusterProfile")
+        .into_iter()
+        .find(|cp| cp["status"]["accessProviders"][0]["name"] == "onprem")
+        .expect("an on-prem example");
+    let cluster = &onprem["status"]["accessProviders"][0]["cluster"];
+    let entry = kueue_access_providers(&kueue)
+        .into_iter()
+        .find(|e| e["name"] == "onprem")
+        .expect("Kueue entry onprem");
+    let exec = &entry["execConfig"];
+    let provider = broker_provider(&broker, &shim_provider(exec)).clone();
+    let cluster_name = str_of(&exec_extension(cluster)["clusterName"], "clusterName").to_owned();
+    let token_path =
+        str_of(&provider["file"]["path"], "file.path").replace("{clusterName}", &cluster_name);
+    write_file(
+        root.path(),
+        &token_path,
+        "onprem-token-from-the-secret\n",
+        0o644,
+    );
+
+    // The broker, as the sidecar runs it: its args, its uid.
+    let uid = u32::try_from(
+        side["securityContext"]["runAsUser"]
+            .as_u64()
+            .expect("runAsUser"),
+    )
+    .expect("uid");
+    let mut argv = vec!["/bin/credbroker"];
+    argv.extend(args.iter().map(String::as_str));
+    let mut broker_proc = Running::spawn(&mut chroot_command(root.path(), Some(uid), &argv));
+    let host_socket = root.path().join(socket.trim_start_matches('/'));
+    let listening = wait_until(BROKER_TIMEOUT, || UnixStream::connect(&host_socket).is_ok());
+    if !listening {
+        let out = broker_proc.wait_timeout(Duration::from_secs(1));
+        panic!("the broker in the chroot never listened on {socket}: {out:?}");
+    }
+
+    // The sidecar's probes, as the kubelet runs them (inside the sidecar, as its uid).
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        let command = strings(&side[probe]["exec"]["command"], probe);
+        let argv: Vec<&str> = command.iter().map(String::as_str).collect();
+        let out = chroot(root.path(), Some(uid), &argv, &[]);
+        assert!(
+            out.status.success(),
+            "{probe} fails against a serving broker: {}",
+            describe(&out)
+        );
+    }
+
+    // Kueue's exec entry, as client-go runs it for the on-prem example (as the manager's uid).
+    let mut argv = vec![str_of(&exec["command"], "command")];
+    let exec_args = strings(&exec["args"], "args");
+    argv.extend(exec_args.iter().map(String::as_str));
+    let info = exec_info_for(exec, cluster);
+    let out = chroot(
+        root.path(),
+        Some(NONROOT),
+        &argv,
+        &[("KUBERNETES_EXEC_INFO", &info)],
+    );
+    let cred = assert_credential(&out, V1);
+    assert_eq!(cred.token, "onprem-token-from-the-secret");
+
+    // Other users in the pod: another uid and group cannot even open the socket (mode 0660);
+    // another uid in the socket's group is refused by socket.allowedUids.
+    let out = chroot_as(
+        root.path(),
+        "1000:1000",
+        &argv,
+        &[("KUBERNETES_EXEC_INFO", &info)],
+    );
+    assert_shim_error(&out, &["cannot connect to the broker", "Permission denied"]);
+    let in_group = format!("1000:{NONROOT}");
+    let out = chroot_as(
+        root.path(),
+        &in_group,
+        &argv,
+        &[("KUBERNETES_EXEC_INFO", &info)],
+    );
+    assert_shim_error(&out, &["PERMISSION_DENIED", "1000"]);
+
+    // A stopped broker fails the probe: the kubelet would restart the sidecar.
+    send_signal(broker_proc.id(), "TERM");
+    let out = broker_proc.wait(BROKER_TIMEOUT);
+    assert!(
+        out.status.success(),
+        "broker exit after SIGTERM: {}",
+        describe(&out)
+    );
+    let command = strings(&side["readinessProbe"]["exec"]["command"], "readinessProbe");
+    let argv: Vec<&str> = command.iter().map(String::as_str).collect();
+    let out = chroot(root.path(), Some(uid), &argv, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot connect"),
+        "{}",
+        describe(&out)
+    );
+}
