@@ -51,10 +51,6 @@ fn hub_with(api: FakeKubeApi, extra: &str) -> Hub {
     }
 }
 
-fn hub(extra: &str) -> Hub {
-    hub_with(FakeKubeApi::start(NAMESPACE, HUB_TOKEN), extra)
-}
-
 impl Hub {
     fn shim(&self, config: Value) -> Output {
         let info = exec_info(V1, "https://worker.example", config);
@@ -368,13 +364,14 @@ fn unreachable_api_server_is_unavailable_and_not_ready() {
     api.stop();
     let hub = hub_with(api, "");
     let out = hub.shim(json!({"clusterName": "alpha"}));
-    assert_shim_error(
+    let line = assert_shim_error(
         &out,
         &[
             "UNAVAILABLE",
             "cannot list the Secrets of namespace kueue-system",
         ],
     );
+    assert!(line.contains("Connection refused"), "{line}");
     assert!(!hub.ready());
 }
 

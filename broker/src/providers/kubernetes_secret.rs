@@ -432,7 +432,7 @@ async fn run_watch(
             }
             Ok(_) => {}
             Err(error) => {
-                let error = format!("{error}: {}", source_chain(&error));
+                let error = with_root_cause(&error);
                 let was_connected = status.borrow().connected;
                 status.send_modify(|s| {
                     s.connected = false;
@@ -453,19 +453,20 @@ async fn run_watch(
     }
 }
 
-/// The causes under an error, joined: kube's top-level messages ("failed to start
-/// watching") say what, the sources say why (e.g. "Connection refused").
-fn source_chain(error: &dyn std::error::Error) -> String {
-    let mut parts = Vec::new();
+/// The error with its root cause: kube's messages say what failed ("failed to perform
+/// initial object list: ServiceError: client error (Connect)"), the innermost source says
+/// why ("tcp connect error: Connection refused"). Middle layers repeat one another.
+fn with_root_cause(error: &dyn std::error::Error) -> String {
+    let message = error.to_string();
+    let mut root = None;
     let mut next = error.source();
     while let Some(e) = next {
-        parts.push(e.to_string());
+        root = Some(e.to_string());
         next = e.source();
     }
-    if parts.is_empty() {
-        "no further detail".to_owned()
-    } else {
-        parts.join(": ")
+    match root {
+        Some(root) if !message.contains(&root) => format!("{message}: {root}"),
+        _ => message,
     }
 }
 
