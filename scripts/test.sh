@@ -56,7 +56,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 say "slim broker builds: no cloud provider, and each one alone"
 cargo clippy --locked -p credbroker --no-default-features --all-targets -- -D warnings
-for feature in aws gcp azure; do
+for feature in aws gcp azure kubernetes-secret; do
     cargo clippy --locked -p credbroker --no-default-features --features "$feature" --all-targets -- -D warnings
 done
 

@@ -27,6 +27,15 @@ pub const DEFAULT_EXEC_LIFETIME: Duration = Duration::from_secs(15 * 60);
 /// A file token that is not a JWT carries no expiry; it is re-read after this long (and
 /// earlier whenever the file changes).
 pub const DEFAULT_FILE_LIFETIME: Duration = Duration::from_secs(60 * 60);
+/// A Secret token that is not a JWT carries no expiry; client-go is told to come back after
+/// half of this (the cache's refresh rule). A rotated Secret is served at once through the
+/// watch whatever this says, so it only bounds how long a caller keeps a token unasked.
+pub const DEFAULT_SECRET_LIFETIME: Duration = Duration::from_secs(60 * 60);
+/// cluster-inventory-api's secretreader plugin (KEP-5339) reads this key, and OCM's
+/// managed-serviceaccount token Secrets hold the token under it too.
+pub const DEFAULT_SECRET_KEY: &str = "token";
+/// secretreader's layout: one Secret per cluster, named after the ClusterProfile.
+pub const DEFAULT_SECRET_NAME_TEMPLATE: &str = "{clusterName}";
 /// The ExecCredential version most plugins speak; older ones speak only v1beta1.
 pub const DEFAULT_EXEC_API_VERSION: &str = EXEC_API_V1;
 pub const EXEC_API_V1: &str = "client.authentication.k8s.io/v1";
@@ -187,7 +196,7 @@ pub struct ProviderConfig {
     #[serde(default)]
     pub file: Option<FileConfig>,
     #[serde(default)]
-    pub kubernetes_secret: Option<serde_json::Value>,
+    pub kubernetes_secret: Option<KubernetesSecretConfig>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -209,8 +218,7 @@ impl ProviderKind {
             Self::Aws => cfg!(feature = "aws"),
             Self::Gcp => cfg!(feature = "gcp"),
             Self::Azure => cfg!(feature = "azure"),
-            // Not implemented yet: its own issue.
-            Self::KubernetesSecret => false,
+            Self::KubernetesSecret => cfg!(feature = "kubernetes-secret"),
         }
     }
 
@@ -897,6 +905,65 @@ fn default_file_lifetime() -> ConfigDuration {
     ConfigDuration(DEFAULT_FILE_LIFETIME)
 }
 
+/// Credentials kept in Secrets of one namespace of the cluster the broker runs in (or the
+/// one a development kubeconfig points at), one Secret per worker cluster.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubernetesSecretConfig {
+    /// The one namespace watched: RBAC grants get/list/watch on Secrets there and nowhere else.
+    pub namespace: String,
+    /// The Secret's name; each `{key}` is filled from the cluster's exec config key of that
+    /// name, else from `templateDefaults`.
+    #[serde(default = "default_secret_name_template")]
+    pub name_template: String,
+    /// Values for placeholders the cluster's exec config does not carry, e.g. OCM's
+    /// ManagedServiceAccount name, which is the same for every cluster.
+    #[serde(default)]
+    pub template_defaults: BTreeMap<String, String>,
+    /// The Secret's data key holding the token or kubeconfig; a cluster's exec config key
+    /// `key` overrides it.
+    #[serde(default = "default_secret_key")]
+    pub key: String,
+    #[serde(default)]
+    pub format: SecretFormat,
+    /// For `format: kubeconfig`: the context whose user is taken (default: the kubeconfig's
+    /// current-context); a cluster's exec config key `context` overrides it.
+    #[serde(default)]
+    pub context: Option<String>,
+    /// Only Secrets matching this label selector are watched (and served).
+    #[serde(default)]
+    pub label_selector: Option<String>,
+    /// A kubeconfig file for reaching the API server during development; unset means the
+    /// in-cluster ServiceAccount.
+    #[serde(default)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Expiry of a token that is not a JWT with an `exp` claim.
+    #[serde(default = "default_secret_lifetime")]
+    pub lifetime: ConfigDuration,
+}
+
+/// What the Secret's key holds.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum SecretFormat {
+    /// A bearer token (secretreader, OCM managed-serviceaccount).
+    #[default]
+    Token,
+    /// A kubeconfig whose selected user has a token or a client certificate and key
+    /// (cluster-inventory-api's kubeconfig-secretreader).
+    Kubeconfig,
+}
+
+fn default_secret_name_template() -> String {
+    DEFAULT_SECRET_NAME_TEMPLATE.to_owned()
+}
+fn default_secret_key() -> String {
+    DEFAULT_SECRET_KEY.to_owned()
+}
+fn default_secret_lifetime() -> ConfigDuration {
+    ConfigDuration(DEFAULT_SECRET_LIFETIME)
+}
+
 /// A duration written the human way: `30s`, `5m`, `1h30m`, `500ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConfigDuration(pub Duration);
@@ -1124,7 +1191,18 @@ impl ProviderConfig {
                 Some(azure) => azure.validate().map_err(|(f, m)| (format!("azure.{f}"), m)),
                 None => Ok(()),
             },
-            _ => Ok(()),
+            ProviderKind::KubernetesSecret => {
+                let secret = self.kubernetes_secret.as_ref().ok_or_else(|| {
+                    (
+                        "kubernetesSecret".into(),
+                        "type kubernetesSecret needs a kubernetesSecret section with a namespace"
+                            .into(),
+                    )
+                })?;
+                secret
+                    .validate()
+                    .map_err(|(f, m)| (format!("kubernetesSecret.{f}"), m))
+            }
         }
     }
 }
@@ -1197,6 +1275,166 @@ impl FileConfig {
         }
         Ok(())
     }
+}
+
+impl KubernetesSecretConfig {
+    fn validate(&self) -> Result<(), (String, String)> {
+        if !is_dns_label(&self.namespace) {
+            return Err((
+                "namespace".into(),
+                format!(
+                    "{:?} is not a namespace name (lowercase letters, digits and '-', at most 63)",
+                    self.namespace
+                ),
+            ));
+        }
+        let parts = template_parts(&self.name_template).map_err(|m| ("nameTemplate".into(), m))?;
+        for part in &parts {
+            if let TemplatePart::Literal(text) = part
+                && !text
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'))
+            {
+                return Err((
+                    "nameTemplate".into(),
+                    format!(
+                        "{:?} has {text:?} outside placeholders: a Secret name has only lowercase letters, digits, '-' and '.'",
+                        self.name_template
+                    ),
+                ));
+            }
+        }
+        if !parts
+            .iter()
+            .any(|p| matches!(p, TemplatePart::Placeholder(_)))
+        {
+            return Err((
+                "nameTemplate".into(),
+                format!(
+                    "{:?} has no placeholder such as {{clusterName}}: every cluster would get the same Secret",
+                    self.name_template
+                ),
+            ));
+        }
+        for name in self.template_defaults.keys() {
+            if !is_placeholder_name(name) {
+                return Err((
+                    format!("templateDefaults.{name}"),
+                    "a placeholder name has only letters, digits and '_'".into(),
+                ));
+            }
+        }
+        if !is_secret_key(&self.key) {
+            return Err((
+                "key".into(),
+                format!(
+                    "{:?} is not a Secret data key (letters, digits, '-', '_', '.')",
+                    self.key
+                ),
+            ));
+        }
+        if self.context.is_some() && self.format != SecretFormat::Kubeconfig {
+            return Err((
+                "context".into(),
+                "a context only applies to format: kubeconfig".into(),
+            ));
+        }
+        if self.context.as_deref() == Some("") {
+            return Err(("context".into(), "must not be empty".into()));
+        }
+        if let Some(selector) = &self.label_selector
+            && selector.trim().is_empty()
+        {
+            return Err((
+                "labelSelector".into(),
+                "must not be empty; leave it out to watch every Secret of the namespace".into(),
+            ));
+        }
+        if let Some(path) = &self.kubeconfig
+            && !path.is_absolute()
+        {
+            return Err((
+                "kubeconfig".into(),
+                format!("must be an absolute path, got {path:?}"),
+            ));
+        }
+        if self.lifetime.0 < Duration::from_secs(1) {
+            return Err(("lifetime".into(), "must be at least 1s".into()));
+        }
+        Ok(())
+    }
+}
+
+/// A piece of a `nameTemplate`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplatePart {
+    Literal(String),
+    Placeholder(String),
+}
+
+/// Splits a template like `{clusterName}-{msaName}` into literals and placeholders.
+pub fn template_parts(template: &str) -> Result<Vec<TemplatePart>, String> {
+    let mut parts = Vec::new();
+    let mut rest = template;
+    while !rest.is_empty() {
+        match rest.find(['{', '}']) {
+            None => {
+                parts.push(TemplatePart::Literal(rest.to_owned()));
+                break;
+            }
+            Some(at) if rest[at..].starts_with('}') => {
+                return Err(format!("unmatched '}}' in {template:?}"));
+            }
+            Some(at) => {
+                if at > 0 {
+                    parts.push(TemplatePart::Literal(rest[..at].to_owned()));
+                }
+                let Some(len) = rest[at..].find('}') else {
+                    return Err(format!("unclosed '{{' in {template:?}"));
+                };
+                let name = &rest[at + 1..at + len];
+                if !is_placeholder_name(name) {
+                    return Err(format!(
+                        "placeholder {{{name}}} in {template:?} is not a name (letters, digits, '_')"
+                    ));
+                }
+                parts.push(TemplatePart::Placeholder(name.to_owned()));
+                rest = &rest[at + len + 1..];
+            }
+        }
+    }
+    if parts.is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(parts)
+}
+
+fn is_placeholder_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// RFC 1123 label: what a namespace name must be.
+pub fn is_dns_label(name: &str) -> bool {
+    name.len() <= 63 && is_dns_subdomain(name) && !name.contains('.')
+}
+
+/// RFC 1123 subdomain: what a Secret name must be.
+pub fn is_dns_subdomain(name: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !name.is_empty()
+        && name.len() <= 253
+        && name.starts_with(alnum)
+        && name.ends_with(alnum)
+        && name.chars().all(|c| alnum(c) || matches!(c, '-' | '.'))
+}
+
+/// What Kubernetes accepts as a key of a Secret's `data`.
+pub fn is_secret_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 253
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 #[cfg(test)]

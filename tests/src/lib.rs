@@ -9,6 +9,7 @@
 //! - [`run_shim`] / [`spawn_shim`] and [`assert_shim_error`] / [`assert_credential`];
 //! - [`ExecPlugin`]: a counting kubeconfig exec plugin for the broker's `exec` provider;
 //! - [`FakeApiServer`]: an HTTPS Kubernetes API stand-in that checks bearer tokens;
+//! - [`kube_api::FakeKubeApi`]: an HTTPS API server serving list and watch of Secrets;
 //! - [`write_kubeconfig`] / [`kubectl`], [`grpcurl`], [`unix_channel`], [`HungServer`].
 //!
 //! Every wait is bounded and every child process is killed when its owner is dropped.
@@ -33,6 +34,8 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tempfile::TempDir;
+
+pub mod kube_api;
 
 /// `apiVersion` of client-go's v1 ExecCredential.
 pub const V1: &str = "client.authentication.k8s.io/v1";
@@ -960,7 +963,7 @@ impl Drop for FakeApiServer {
 }
 
 /// A CA and a server certificate for 127.0.0.1/localhost signed by it: (CA PEM, TLS config).
-fn tls_config() -> (String, Arc<rustls::ServerConfig>) {
+pub(crate) fn tls_config() -> (String, Arc<rustls::ServerConfig>) {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
     let ca_key = KeyPair::generate().expect("CA key");
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");

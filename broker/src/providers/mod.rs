@@ -21,6 +21,8 @@ pub mod fake;
 pub mod file;
 #[cfg(feature = "gcp")]
 pub mod gcp;
+#[cfg(feature = "kubernetes-secret")]
+pub mod kubernetes_secret;
 pub mod unbuilt;
 
 /// A boxed future, so providers stay object-safe behind `Arc<dyn Provider>`.
@@ -134,7 +136,9 @@ pub trait Provider: Send + Sync + fmt::Debug {
         true
     }
 
-    /// False when this build cannot serve the provider's type at all.
+    /// False when this build cannot serve the provider's type at all, or the provider knows
+    /// its source is unreachable right now (kubernetesSecret: the watch is down, calls are
+    /// served from the last state seen). AdminService's ListProviders shows it as `ready`.
     fn available(&self) -> bool {
         true
     }
@@ -159,7 +163,9 @@ pub fn build(config: &ProviderConfig) -> Arc<dyn Provider> {
         ProviderKind::Gcp => gcp::build(config),
         #[cfg(feature = "azure")]
         ProviderKind::Azure => azure::build(config),
-        #[allow(unreachable_patterns)] // with every feature on, only kubernetesSecret lands here
+        #[cfg(feature = "kubernetes-secret")]
+        ProviderKind::KubernetesSecret => kubernetes_secret::build(config),
+        #[allow(unreachable_patterns)] // with every feature on, nothing lands here
         _ => unbuilt(config),
     }
 }
