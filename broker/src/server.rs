@@ -10,7 +10,7 @@ use std::time::Duration;
 use credbroker_proto::v1::admin_service_server::AdminServiceServer;
 use credbroker_proto::v1::token_service_server::{TokenService, TokenServiceServer};
 use credbroker_proto::v1::{GetTokenRequest, GetTokenResponse};
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Code, Request, Response, Status};
 use tonic_health::ServingStatus;
@@ -29,6 +29,9 @@ use crate::socket::{self, SocketError};
 /// In-flight calls get this long to finish after SIGTERM: well inside Kubernetes' default
 /// 30 s termination grace period, and far longer than a cache hit takes.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Accepted connections waiting for the server: a Kueue restart opens a thousand at once,
+/// and the server takes them off this queue in microseconds.
+const ACCEPT_QUEUE: usize = 1024;
 
 /// Why a `GetToken` call failed. Turned into a status in exactly one place, below.
 #[derive(Debug, thiserror::Error)]
@@ -452,6 +455,27 @@ pub async fn serve(
     let broker = Arc::new(Broker::new(&config));
     let sweeper = broker.cache().spawn_idle_sweeper();
     let (listener, socket_guard) = socket::bind(&socket_path, config.socket.mode.0)?;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let (conn_tx, conn_rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
+    let keeper = {
+        let health = health.clone();
+        socket::SocketKeeper::start(
+            socket_path.clone(),
+            config.socket.mode.0,
+            listener,
+            socket_guard,
+            conn_tx,
+            move |back| {
+                let health = health.clone();
+                let status = if back {
+                    ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
+                };
+                tokio::spawn(async move { health.set_service_status("", status).await });
+            },
+        )
+    };
     let metrics_task = match &config.metrics {
         Some(m) => {
             let address = m
@@ -468,7 +492,6 @@ pub async fn serve(
         config_path,
     ));
 
-    let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<TokenServiceServer<TokenApi>>().await;
     health.set_serving::<AdminServiceServer<AdminApi>>().await;
     health.set_service_status("", ServingStatus::Serving).await;
@@ -490,7 +513,7 @@ pub async fn serve(
             broker: broker.clone(),
         }))
         .add_service(AdminServiceServer::new(AdminApi::new(broker.clone())))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+        .serve_with_incoming_shutdown(ReceiverStream::new(conn_rx), async {
             let _ = stop_rx.await;
         });
     let mut server = tokio::spawn(server);
@@ -508,6 +531,7 @@ pub async fn serve(
             health.set_service_status("", ServingStatus::NotServing).await;
             health.set_not_serving::<TokenServiceServer<TokenApi>>().await;
             health.set_not_serving::<AdminServiceServer<AdminApi>>().await;
+            keeper.stop();
             let _ = stop_tx.send(());
             match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
                 Ok(ended) => ended.unwrap_or_else(|e| panic_or_cancelled(&e)).map_err(ServeError::from),
@@ -524,7 +548,6 @@ pub async fn serve(
     if let Some(task) = metrics_task {
         task.abort();
     }
-    drop(socket_guard);
     tracing::info!(socket = %socket_path.display(), "credbroker stopped; socket removed");
     result
 }

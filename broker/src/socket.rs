@@ -5,8 +5,15 @@ use std::io::ErrorKind;
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
 use nix::sys::stat::{Mode, umask};
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+
+/// How often the keeper checks that the socket file is still ours: one `stat` a second
+/// costs nothing, and a socket someone deleted is back within a second.
+pub const SOCKET_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why the socket could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +57,13 @@ pub enum SocketError {
 pub struct SocketGuard {
     path: PathBuf,
     inode: (u64, u64, i64, i64),
+}
+
+impl SocketGuard {
+    /// Whether the file at the path is still the socket we created.
+    pub fn in_place(&self) -> bool {
+        std::fs::symlink_metadata(&self.path).is_ok_and(|meta| identity(&meta) == self.inode)
+    }
 }
 
 impl Drop for SocketGuard {
@@ -180,6 +194,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_keeper_recreates_a_deleted_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.sock");
+        let (listener, guard) = bind(&path, 0o600).unwrap();
+        let (tx, mut rx) = mpsc::channel(4);
+        let keeper = SocketKeeper::start(path.clone(), 0o600, listener, guard, tx, |_| {});
+        std::fs::remove_file(&path).unwrap();
+        let mut back = false;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if path.exists() {
+                back = true;
+                break;
+            }
+        }
+        assert!(back, "the socket was not recreated");
+        assert_eq!(
+            std::fs::symlink_metadata(&path)
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o600
+        );
+        let _client = UnixStream::connect(&path).await.unwrap();
+        assert!(
+            rx.recv().await.unwrap().is_ok(),
+            "connections reach the server again"
+        );
+        keeper.stop();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!path.exists(), "stopping the keeper removes the socket");
+    }
+
+    #[tokio::test]
     async fn the_guard_leaves_a_newer_socket_alone() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("broker.sock");
@@ -189,5 +238,70 @@ mod tests {
         let (_second, _guard) = bind(&path, 0o660).unwrap();
         drop(old_guard);
         assert!(path.exists());
+    }
+}
+
+/// Accepts connections for the server and keeps the socket file in place: if someone
+/// deletes or replaces it (a cleanup job, an operator), the keeper binds it again, so
+/// callers are not locked out of a broker that is still running.
+#[derive(Debug)]
+pub struct SocketKeeper {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SocketKeeper {
+    /// Starts accepting on `listener`; connections go to `tx`. `on_lost` is told when the
+    /// file is gone and cannot be recreated (false), and when it is back (true).
+    pub fn start(
+        path: PathBuf,
+        mode: u32,
+        listener: UnixListener,
+        guard: SocketGuard,
+        tx: mpsc::Sender<std::io::Result<UnixStream>>,
+        on_lost: impl Fn(bool) + Send + 'static,
+    ) -> Self {
+        let task = tokio::spawn(async move {
+            let (mut listener, mut guard) = (listener, guard);
+            let mut check = tokio::time::interval(SOCKET_CHECK_INTERVAL);
+            let mut lost = false;
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        if tx.send(accepted.map(|(stream, _)| stream)).await.is_err() {
+                            return; // the server is gone
+                        }
+                    }
+                    _ = check.tick() => {
+                        if guard.in_place() {
+                            continue;
+                        }
+                        match bind(&path, mode) {
+                            Ok((fresh, fresh_guard)) => {
+                                tracing::warn!(socket = %path.display(), "the socket file was removed or replaced; recreated it");
+                                (listener, guard) = (fresh, fresh_guard);
+                                if lost {
+                                    on_lost(true);
+                                    lost = false;
+                                }
+                            }
+                            Err(e) => {
+                                if !lost {
+                                    tracing::error!(socket = %path.display(), error = %e, "the socket file was removed or replaced and cannot be recreated; callers cannot reach the broker");
+                                    on_lost(false);
+                                    lost = true;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Self { task }
+    }
+
+    /// Stops accepting and removes the socket file (if it is still ours).
+    pub fn stop(self) {
+        // Aborting drops the task's guard, which removes the file.
+        self.task.abort();
     }
 }
