@@ -312,8 +312,13 @@ fn status_failure(status: &tonic::Status, provider: &str, socket: &Path) -> Fail
     };
     use tonic::Code;
     let hint = match status.code() {
+        // The broker says which: an unknown provider, or a missing source (file, Secret).
+        Code::NotFound if status.message().starts_with("unknown provider") => {
+            "check --provider against providers[].name in the broker config"
+        }
         Code::NotFound => {
-            "unknown provider? check --provider against providers[].name in the broker config"
+            "the credential's source for this cluster is missing (the message names it); \
+             check it and the cluster's client.authentication.k8s.io/exec extension"
         }
         Code::InvalidArgument => {
             "check the ClusterProfile's client.authentication.k8s.io/exec extension"
@@ -323,7 +328,23 @@ fn status_failure(status: &tonic::Status, provider: &str, socket: &Path) -> Fail
              and the identity's permissions"
         }
         Code::Unavailable | Code::DeadlineExceeded => "upstream unavailable; client-go will retry",
-        Code::Unimplemented => "is the socket credbroker's? check the broker's version",
+        Code::ResourceExhausted => {
+            "this caller is over the broker's rate limit; client-go will retry, but look for \
+             a loop re-running the plugin"
+        }
+        // tonic's own answer for an unknown method: another gRPC server on this socket.
+        Code::Unimplemented
+            if status.message().is_empty()
+                || status
+                    .message()
+                    .contains("not implemented or not supported") =>
+        {
+            "is the socket credbroker's? check the broker's version"
+        }
+        Code::Unimplemented => {
+            "the broker cannot serve this provider as built or configured; the message says \
+             what is missing"
+        }
         _ => "check the broker's log",
     };
     Failure::new(
@@ -597,7 +618,9 @@ mod tests {
     fn status_codes_get_hints() {
         let socket = Path::new("/s.sock");
         let cases = [
-            (tonic::Code::NotFound, "providers[].name"),
+            (tonic::Code::NotFound, "source for this cluster is missing"),
+            (tonic::Code::ResourceExhausted, "rate limit"),
+            (tonic::Code::Unimplemented, "as built or configured"),
             (
                 tonic::Code::InvalidArgument,
                 "client.authentication.k8s.io/exec extension",
@@ -625,6 +648,21 @@ mod tests {
         }
         let f = status_failure(&tonic::Status::new(tonic::Code::Internal, ""), "p", socket);
         assert_eq!(f.why, "INTERNAL");
+        let unknown = tonic::Status::new(
+            tonic::Code::NotFound,
+            "unknown provider \"p\" (configured: a)",
+        );
+        assert!(
+            status_failure(&unknown, "p", socket)
+                .hint
+                .contains("providers[].name")
+        );
+        let not_ours = tonic::Status::new(tonic::Code::Unimplemented, "");
+        assert!(
+            status_failure(&not_ours, "p", socket)
+                .hint
+                .contains("credbroker's")
+        );
     }
 
     #[derive(Debug)]
@@ -788,8 +826,8 @@ mod tests {
         assert_eq!(
             f.line(),
             "credbroker-shim: the broker could not serve GetToken for provider \"eks\": NOT_FOUND: \
-             unknown provider \"eks\" (configured: eks, gke) (unknown provider? check --provider \
-             against providers[].name in the broker config)"
+             unknown provider \"eks\" (configured: eks, gke) (check --provider against \
+             providers[].name in the broker config)"
         );
     }
 
