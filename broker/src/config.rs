@@ -1629,6 +1629,27 @@ providers:
         }
     }
 
+    proptest::proptest! {
+        /// Any text at all gets a parsed config or an error naming the file: never a panic.
+        #[test]
+        fn arbitrary_text_never_panics(text in "[ -~\n\t]{0,400}") {
+            if let Err(e) = Config::parse(&text, "fuzz.yaml") {
+                proptest::prop_assert!(e.to_string().starts_with("fuzz.yaml: "), "{e}");
+            }
+        }
+
+        /// Every unknown key is reported at its own path.
+        #[test]
+        fn unknown_keys_are_named(key in "[a-z][a-zA-Z]{2,12}") {
+            let known = ["name", "type", "command", "args", "env", "timeout", "apiVersion", "defaultLifetime"];
+            proptest::prop_assume!(!known.contains(&key.as_str()));
+            let text = format!("providers:\n  - name: x\n    type: exec\n    exec: {{command: /p, {key}: 1}}\n");
+            let e = Config::parse(&text, "t").unwrap_err().to_string();
+            let want = format!("providers[0].exec.{key}");
+            proptest::prop_assert!(e.contains(&want), "{e}");
+        }
+    }
+
     #[test]
     fn syntax_errors_say_where() {
         let e = err("providers: [\n");

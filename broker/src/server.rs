@@ -411,7 +411,9 @@ fn whole_second_after(t: SystemTime) -> SystemTime {
 
 fn response(served: Served) -> GetTokenResponse {
     let mut out = GetTokenResponse {
-        expiration_time: Some(prost_types::Timestamp::from(whole_second_after(served.come_back))),
+        expiration_time: Some(prost_types::Timestamp::from(whole_second_after(
+            served.come_back,
+        ))),
         ..Default::default()
     };
     match served.credential.secret {

@@ -532,4 +532,53 @@ mod tests {
             }
         }
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            /// Whatever client-go (or anyone) puts in KUBERNETES_EXEC_INFO: a result, never a panic.
+            #[test]
+            fn exec_info_never_panics(raw in "[ -~]{0,300}") {
+                let _ = parse_exec_info(Some(&raw));
+            }
+
+            #[test]
+            fn structured_exec_info_round_trips(
+                v1 in any::<bool>(),
+                server in "https://[a-z]{1,10}\\.example",
+                name in "[a-z0-9-]{1,20}",
+                port in 1u16..,
+            ) {
+                let api = if v1 { "client.authentication.k8s.io/v1" } else { "client.authentication.k8s.io/v1beta1" };
+                let raw = serde_json::json!({
+                    "apiVersion": api, "kind": "ExecCredential",
+                    "spec": {"interactive": false, "cluster": {"server": server, "config": {"clusterName": name, "port": port}}},
+                }).to_string();
+                let info = parse_exec_info(Some(&raw)).unwrap();
+                let cluster = info.cluster.unwrap();
+                prop_assert_eq!(cluster.server, server);
+                let config = cluster.config.unwrap();
+                prop_assert_eq!(
+                    &config.fields["clusterName"].kind,
+                    &Some(prost_types::value::Kind::StringValue(name))
+                );
+                prop_assert_eq!(&config.fields["port"].kind, &Some(prost_types::value::Kind::NumberValue(f64::from(port))));
+            }
+
+            /// The hand-written RFC 3339 formatter agrees with the `time` crate on every second
+            /// from 1970 to 9999.
+            #[test]
+            fn rfc3339_matches_the_time_crate(unix in 0i64..253_402_300_800) {
+                let ours = rfc3339_utc(unix).unwrap();
+                let theirs = time::OffsetDateTime::from_unix_timestamp(unix)
+                    .unwrap()
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .unwrap();
+                prop_assert_eq!(ours, theirs);
+            }
+        }
+    }
 }

@@ -36,6 +36,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 pub mod kube_api;
+pub mod modal_plugin;
 
 /// `apiVersion` of client-go's v1 ExecCredential.
 pub const V1: &str = "client.authentication.k8s.io/v1";

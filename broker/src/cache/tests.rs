@@ -449,3 +449,123 @@ async fn the_observer_sees_every_upstream_call() {
         ]
     );
 }
+
+mod properties {
+    //! The cache's rules as properties over random lifetimes and random timelines.
+
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::config::ProviderKind;
+    use crate::providers::BoxFuture;
+
+    proptest! {
+        #[test]
+        fn schedule_stays_inside_the_lifetime(ms in 1u64..(48 * 3600 * 1000), r in 0.0f64..1.0) {
+            let lifetime = Duration::from_millis(ms);
+            let (refresh, serve) = schedule(lifetime, r);
+            prop_assert!(refresh <= serve, "refresh {refresh:?} after serve {serve:?}");
+            prop_assert!(serve < lifetime);
+            prop_assert!(serve >= lifetime.mul_f64(0.75) && serve >= lifetime.saturating_sub(STALE_MARGIN));
+            prop_assert!(refresh <= lifetime.mul_f64(0.6) + Duration::from_millis(1));
+            if lifetime >= REFRESH_LEAD * 2 {
+                prop_assert!(refresh <= lifetime - REFRESH_LEAD);
+                prop_assert!(refresh >= lifetime.mul_f64(0.4) - Duration::from_millis(1));
+            }
+        }
+
+        #[test]
+        fn backoff_grows_and_stays_bounded(failures in 1u32..100, r in 0.0f64..1.0) {
+            let wait = backoff(failures, r);
+            prop_assert!(wait >= INITIAL_BACKOFF.mul_f64(1.0 - BACKOFF_JITTER) && wait <= MAX_BACKOFF);
+            prop_assert!(backoff(failures + 1, r) >= wait);
+        }
+
+        #[test]
+        fn outages_are_ridden_out_and_nothing_expired_is_served(
+            ttl_s in 4u64..7200,
+            steps in proptest::collection::vec((0u64..1_800_000, any::<bool>()), 1..40),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+            rt.block_on(timeline(Duration::from_secs(ttl_s), steps))?;
+        }
+    }
+
+    /// A provider that records when it issued each token and fails on demand.
+    #[derive(Debug, Default)]
+    struct Recording {
+        ttl: Duration,
+        failing: AtomicBool,
+        issued: Mutex<Vec<Instant>>,
+    }
+
+    impl Provider for Recording {
+        fn kind(&self) -> ProviderKind {
+            ProviderKind::Exec
+        }
+        fn identity(&self, _: &TokenRequest) -> Result<String, ProviderError> {
+            Ok("one".into())
+        }
+        fn fetch<'a>(
+            &'a self,
+            _: &'a TokenRequest,
+        ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
+            Box::pin(async move {
+                if self.failing.load(Ordering::SeqCst) {
+                    return Err(ProviderError::Unavailable("down".into()));
+                }
+                let mut issued = self.issued.lock().unwrap();
+                issued.push(Instant::now());
+                Ok(Credential::token(
+                    issued.len().to_string(),
+                    SystemTime::now() + self.ttl,
+                ))
+            })
+        }
+    }
+
+    /// Advances time step by step, flipping the upstream up and down, asking each time.
+    async fn timeline(ttl: Duration, steps: Vec<(u64, bool)>) -> Result<(), TestCaseError> {
+        let recording = Arc::new(Recording {
+            ttl,
+            ..Default::default()
+        });
+        let provider: Arc<dyn Provider> = recording.clone();
+        let cache = Cache::new(settings());
+        let window = ttl - STALE_MARGIN.min(ttl / 4);
+        for (advance_ms, failing) in steps {
+            tokio::time::advance(Duration::from_millis(advance_ms)).await;
+            recording.failing.store(failing, Ordering::SeqCst);
+            let now = Instant::now();
+            let newest = recording.issued.lock().unwrap().last().copied();
+            let result = get(&cache, &provider, "a").await;
+            settle().await;
+            match result {
+                Ok(served) => {
+                    let n: usize = token(&served).parse().unwrap();
+                    let issued = recording.issued.lock().unwrap()[n - 1];
+                    prop_assert!(
+                        now - issued < window,
+                        "token {n} served {:?} after issue (window {window:?})",
+                        now - issued
+                    );
+                    prop_assert!(served.come_back > SystemTime::now());
+                }
+                Err(e) => {
+                    // Failing is only allowed once the newest token has left its window.
+                    if let Some(issued) = newest {
+                        prop_assert!(
+                            now - issued >= window,
+                            "{e} at {:?} into a {window:?} window",
+                            now - issued
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

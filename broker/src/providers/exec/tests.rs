@@ -234,3 +234,54 @@ fn identity_is_server_plus_config() {
     r.cluster.as_mut().unwrap().config = reordered;
     assert_eq!(a, p.identity(&r).unwrap());
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn status_field() -> impl Strategy<Value = Option<serde_json::Value>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(Value::Null)),
+            any::<i64>().prop_map(|n| Some(Value::from(n))),
+            "[ -~]{0,12}".prop_map(|s| Some(Value::from(s))),
+        ]
+    }
+
+    proptest! {
+        /// Whatever a plugin prints, parsing never panics, and no error quotes the token.
+        #[test]
+        fn errors_never_quote_the_secret(
+            secret in "SECRET[A-Za-z0-9]{8,24}",
+            api in prop_oneof![Just(EXEC_API_V1), Just(EXEC_API_V1BETA1), Just("v9")],
+            kind in prop_oneof![Just("ExecCredential"), Just("Pod")],
+            where_secret in 0usize..3,
+            other in status_field(),
+            expiry in status_field(),
+            truncate in any::<Option<usize>>(),
+        ) {
+            let mut status = serde_json::Map::new();
+            let keys = ["token", "clientKeyData", "clientCertificateData"];
+            status.insert(keys[where_secret].into(), Value::from(secret.clone()));
+            if let Some(v) = other {
+                status.insert(keys[(where_secret + 1) % 3].into(), v);
+            }
+            if let Some(v) = expiry {
+                status.insert("expirationTimestamp".into(), v);
+            }
+            let mut text = json!({"apiVersion": api, "kind": kind, "status": status}).to_string();
+            if let Some(cut) = truncate {
+                text.truncate(cut % (text.len() + 1));
+            }
+            if let Err(e) = parse_exec_credential(text.as_bytes(), Duration::from_secs(60)) {
+                prop_assert!(!e.contains(&secret), "{e}");
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse_exec_credential(&bytes, Duration::from_secs(60));
+        }
+    }
+}
