@@ -184,10 +184,21 @@ fn source_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// Log targets never shown below these levels, because their verbose output includes
+/// credentials (the test `trace_logs_hold_no_secret` runs a signing flow at trace).
+const SECRET_BEARING_TARGETS: &[&str] = &["aws_sigv4=info"];
+
 /// Logs go to stderr; `RUST_LOG` filters them (default `info`).
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Dependencies whose verbose output carries secrets, capped whatever RUST_LOG says:
+    // aws-sigv4 traces each canonical request, session token included.
+    for ceiling in SECRET_BEARING_TARGETS {
+        if let Ok(directive) = ceiling.parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -1253,3 +1253,64 @@ fn cluster_with_name(name: &str) -> Cluster {
         ..Cluster::default()
     }
 }
+
+/// The whole IRSA flow at `RUST_LOG=trace` (the SDK's own trace output included): no token,
+/// session token, secret key or web identity token in any log line.
+#[test]
+fn trace_logs_hold_no_secret() {
+    // Asking for the signer's trace explicitly does not lift the cap either.
+    for rust_log in ["trace", "trace,aws_sigv4=trace"] {
+        irsa_flow_logs_no_secret(rust_log);
+    }
+}
+
+fn irsa_flow_logs_no_secret(rust_log: &str) {
+    let moto = Moto::start();
+    let dir = tempdir();
+    let token_file = dir.path().join("token");
+    let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(br#"{"sub":"system:serviceaccount:kueue-system:trace","aud":"sts.amazonaws.com"}"#);
+    let web_identity = format!("eyJhbGciOiJSUzI1NiJ9.{claims}.c2ln");
+    std::fs::write(&token_file, &web_identity).expect("token");
+    let broker = AwsBroker::start(
+        &[aws_provider("eks", "")],
+        &[
+            ("RUST_LOG", rust_log.to_owned()),
+            ("AWS_REGION", "us-west-2".to_owned()),
+            (
+                "AWS_ROLE_ARN",
+                format!("arn:aws:iam::{ACCOUNT}:role/kueue-trace"),
+            ),
+            (
+                "AWS_WEB_IDENTITY_TOKEN_FILE",
+                token_file.display().to_string(),
+            ),
+            ("AWS_ENDPOINT_URL_STS", moto.url.clone()),
+        ],
+    );
+    let cred = token_for(
+        &broker,
+        "https://10.0.0.1",
+        json!({"clusterName": "trace-1"}),
+    );
+    let d = check_shape(&cred.token, "sts.us-west-2.amazonaws.com").unwrap();
+    let session = d.get("X-Amz-Security-Token").unwrap_or_default().to_owned();
+    let signature = d.get("X-Amz-Signature").unwrap_or_default().to_owned();
+    assert!(!session.is_empty() && !signature.is_empty());
+    let logs = broker.logs();
+    assert!(logs.lines().count() > 20, "trace logging is on:\n{logs}");
+    for (what, secret) in [
+        ("token", cred.token.as_str()),
+        ("session token", session.as_str()),
+        // Also as it would appear percent-encoded: its first characters are plain.
+        ("session token prefix", &session[..20.min(session.len())]),
+        ("signature", signature.as_str()),
+        ("web identity token", web_identity.as_str()),
+        ("secret key field", "SecretAccessKey"),
+    ] {
+        assert!(
+            !logs.contains(secret),
+            "the {what} is in the trace log:\n{logs}"
+        );
+    }
+}

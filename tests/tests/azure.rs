@@ -1153,3 +1153,27 @@ fn check_config_rejects_bad_azure_sections() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("providers[0].azure.tenantId"), "{err}");
 }
+
+/// Workload identity at `RUST_LOG=trace` (dependencies included): neither the access token
+/// nor the federated token appears in any log line.
+#[test]
+fn trace_logs_hold_no_secret() {
+    let file = TokenFile::new("federated-trace-secret-token");
+    let entra = FakeEntra::start(workload_expect(&file), 3600);
+    let mut env = workload_env(&entra, &file);
+    env.push(("RUST_LOG", "trace".to_owned()));
+    let broker = AzureBroker::start("{}", &env);
+    let token = broker.token(json!({"clusterName": "trace"}));
+    entra.assert_no_violations();
+    let logs = broker.logs();
+    assert!(logs.lines().count() > 20, "trace logging is on:\n{logs}");
+    for (what, secret) in [
+        ("access token", token.as_str()),
+        ("federated token", "federated-trace-secret-token"),
+    ] {
+        assert!(
+            !logs.contains(secret),
+            "the {what} is in the trace log:\n{logs}"
+        );
+    }
+}

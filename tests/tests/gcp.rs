@@ -1162,3 +1162,56 @@ async fn token_endpoint_fails_then_recovers() {
     assert_eq!(latest, "ya29.token-2", "log:\n{}", broker.logs());
     drop(cold);
 }
+
+/// A service-account exchange at `RUST_LOG=trace` (dependencies included): no access token,
+/// assertion or private key in any log line.
+#[test]
+fn trace_logs_hold_no_secret() {
+    let key = TestKey::generate();
+    let fake = token_endpoint(key.public_pem(), DEFAULT_SCOPE_STRING, || {
+        token_body("ya29.trace-secret-token", 3600)
+    });
+    let dir = tempdir();
+    let key_path = dir.path().join("key.json");
+    key.key_file(&key_path, &format!("{}/token", fake.url()));
+    let broker = GcpBroker::start(
+        &format!(
+            "{{credentialsFile: {}}}",
+            yaml_str(key_path.to_str().expect("UTF-8"))
+        ),
+        &[("RUST_LOG", "trace".to_owned())],
+    );
+    let out = run_shim(
+        &broker.socket,
+        &["--provider", "gke"],
+        Some(&shim_info("trace-1")),
+    );
+    assert_eq!(assert_credential(&out, V1).token, "ya29.trace-secret-token");
+    let assertion = fake.seen()[0]
+        .form()
+        .get("assertion")
+        .cloned()
+        .expect("assertion");
+    let private_line = key
+        .private_pem()
+        .lines()
+        .nth(1)
+        .expect("a PEM body line")
+        .to_owned();
+    let logs = broker.logs();
+    assert!(logs.lines().count() > 20, "trace logging is on:\n{logs}");
+    for (what, secret) in [
+        ("access token", "ya29.trace-secret-token"),
+        ("assertion", assertion.as_str()),
+        (
+            "assertion signature",
+            assertion.rsplit('.').next().unwrap_or_default(),
+        ),
+        ("private key", private_line.as_str()),
+    ] {
+        assert!(
+            !logs.contains(secret),
+            "the {what} is in the trace log:\n{logs}"
+        );
+    }
+}

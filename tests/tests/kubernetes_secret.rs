@@ -31,6 +31,10 @@ struct Hub {
 }
 
 fn hub_with(api: FakeKubeApi, extra: &str) -> Hub {
+    hub_logging(api, extra, "info")
+}
+
+fn hub_logging(api: FakeKubeApi, extra: &str, rust_log: &str) -> Hub {
     let dir = tempdir();
     let kubeconfig: PathBuf = dir.path().join("hub.kubeconfig");
     api.write_kubeconfig(&kubeconfig, HUB_TOKEN);
@@ -43,7 +47,7 @@ fn hub_with(api: FakeKubeApi, extra: &str) -> Hub {
         "  - name: secrets\n    type: kubernetesSecret\n    kubernetesSecret: {{namespace: {NAMESPACE}, kubeconfig: {}{extra}}}\n",
         yaml_str(kubeconfig.to_str().expect("UTF-8 path"))
     );
-    let broker = Broker::start(&config_yaml(&[provider]));
+    let broker = Broker::start_with(&config_yaml(&[provider]), &[], &[("RUST_LOG", rust_log)]);
     Hub {
         api,
         broker,
@@ -426,4 +430,32 @@ fn kubectl_gets_each_clusters_token_from_its_secret() {
     assert_eq!(api_tokens(&alpha), vec!["tok-alpha-secret"; 2]);
     assert_eq!(api_tokens(&beta), vec!["tok-beta-secret"; 2]);
     assert_eq!(hub.api.count(KubeCall::List), 1);
+}
+
+/// List, watch and a rotation at `RUST_LOG=trace` (kube-rs and hyper included): neither the
+/// Secrets' tokens nor the broker's own hub credential appears in any log line.
+#[test]
+fn trace_logs_hold_no_secret() {
+    let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
+    api.put_secret("alpha", &[], &[("token", b"secret-trace-token-1")]);
+    let hub = hub_logging(api, "", "trace");
+    assert_eq!(hub.token("alpha"), "secret-trace-token-1");
+    hub.api
+        .put_secret("alpha", &[], &[("token", b"secret-trace-token-2")]);
+    hub.wait_for_token("alpha", "secret-trace-token-2");
+    let logs = hub.broker.logs();
+    assert!(logs.lines().count() > 20, "trace logging is on:\n{logs}");
+    for secret in ["secret-trace-token-1", "secret-trace-token-2", HUB_TOKEN] {
+        assert!(
+            !logs.contains(secret),
+            "{secret} is in the trace log:\n{logs}"
+        );
+    }
+    // Base64 as the API server sends Secret data.
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode("secret-trace-token-2");
+    assert!(
+        !logs.contains(&encoded),
+        "the base64 token is in the trace log:\n{logs}"
+    );
 }
