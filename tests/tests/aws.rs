@@ -1293,7 +1293,7 @@ fn irsa_flow_logs_no_secret(rust_log: &str) {
         "https://10.0.0.1",
         json!({"clusterName": "trace-1"}),
     );
-    let d = check_shape(&cred.token, "sts.us-west-2.amazonaws.com").unwrap();
+    let d = check_shape(&cred.token, "sts.us-west-2.amazonaws.com").expect("an EKS-shaped token");
     let session = d.get("X-Amz-Security-Token").unwrap_or_default().to_owned();
     let signature = d.get("X-Amz-Signature").unwrap_or_default().to_owned();
     assert!(!session.is_empty() && !signature.is_empty());
