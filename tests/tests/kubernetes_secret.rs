@@ -31,10 +31,11 @@ struct Hub {
 }
 
 fn hub_with(api: FakeKubeApi, extra: &str) -> Hub {
-    hub_logging(api, extra, "info")
+    hub_env(api, extra, &[("RUST_LOG", "info")])
 }
 
-fn hub_logging(api: FakeKubeApi, extra: &str, rust_log: &str) -> Hub {
+/// Like [`hub_with`], with extra environment for the broker.
+fn hub_env(api: FakeKubeApi, extra: &str, env: &[(&str, &str)]) -> Hub {
     let dir = tempdir();
     let kubeconfig: PathBuf = dir.path().join("hub.kubeconfig");
     api.write_kubeconfig(&kubeconfig, HUB_TOKEN);
@@ -47,7 +48,7 @@ fn hub_logging(api: FakeKubeApi, extra: &str, rust_log: &str) -> Hub {
         "  - name: secrets\n    type: kubernetesSecret\n    kubernetesSecret: {{namespace: {NAMESPACE}, kubeconfig: {}{extra}}}\n",
         yaml_str(kubeconfig.to_str().expect("UTF-8 path"))
     );
-    let broker = Broker::start_with(&config_yaml(&[provider]), &[], &[("RUST_LOG", rust_log)]);
+    let broker = Broker::start_with(&config_yaml(&[provider]), &[], env);
     Hub {
         api,
         broker,
@@ -438,7 +439,7 @@ fn kubectl_gets_each_clusters_token_from_its_secret() {
 fn trace_logs_hold_no_secret() {
     let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
     api.put_secret("alpha", &[], &[("token", b"secret-trace-token-1")]);
-    let hub = hub_logging(api, "", "trace");
+    let hub = hub_env(api, "", &[("RUST_LOG", "trace")]);
     assert_eq!(hub.token("alpha"), "secret-trace-token-1");
     hub.api
         .put_secret("alpha", &[], &[("token", b"secret-trace-token-2")]);
@@ -457,5 +458,34 @@ fn trace_logs_hold_no_secret() {
     assert!(
         !logs.contains(&encoded),
         "the base64 token is in the trace log:\n{logs}"
+    );
+}
+
+/// HTTPS_PROXY from the environment is used for the hub, and NO_PROXY exempts it (kube
+/// alone would ignore NO_PROXY). The proxy here is a dead port: only a bypass can work.
+#[test]
+fn https_proxy_and_no_proxy_from_the_environment() {
+    let dead_proxy = "http://127.0.0.1:9";
+    let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
+    api.put_secret("alpha", &[], &[("token", b"tok-through-no-proxy")]);
+    let bypassed = hub_env(
+        api,
+        "",
+        &[
+            ("HTTPS_PROXY", dead_proxy),
+            ("NO_PROXY", "localhost,127.0.0.1"),
+        ],
+    );
+    assert_eq!(bypassed.token("alpha"), "tok-through-no-proxy");
+
+    let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
+    api.put_secret("alpha", &[], &[("token", b"tok-never-reached")]);
+    let proxied = hub_env(api, "", &[("HTTPS_PROXY", dead_proxy), ("NO_PROXY", "")]);
+    let out = proxied.shim(json!({"clusterName": "alpha"}));
+    assert_shim_error(&out, &["UNAVAILABLE"]);
+    assert_eq!(
+        proxied.api.requests().len(),
+        0,
+        "every request went to the (dead) proxy"
     );
 }

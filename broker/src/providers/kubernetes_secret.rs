@@ -491,9 +491,65 @@ async fn make_client(
             )
         })?,
     };
+    let mut kube_config = kube_config;
+    // kube takes HTTPS_PROXY from the environment but not NO_PROXY; a proxy named in the
+    // kubeconfig itself (proxy-url) is used as written, like client-go does.
+    let from_env = ["HTTPS_PROXY", "https_proxy"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find(|v| !v.is_empty());
+    if let (Some(proxy), Some(env)) = (&kube_config.proxy_url, from_env)
+        && proxy.to_string().trim_end_matches('/') == env.trim_end_matches('/')
+        && let Some(host) = kube_config.cluster_url.host()
+    {
+        let no_proxy = ["NO_PROXY", "no_proxy"]
+            .iter()
+            .filter_map(|v| std::env::var(v).ok())
+            .collect::<Vec<_>>()
+            .join(",");
+        if bypasses_proxy(host, &no_proxy) {
+            kube_config.proxy_url = None;
+        }
+    }
     let builder = kube::client::ClientBuilder::try_from(kube_config)
         .map_err(|e| format!("cannot build the Kubernetes API client: {e}"))?;
     Ok(builder.with_layer(&layer).build())
+}
+
+/// Whether `host` is excluded from proxying by a NO_PROXY list: `*`, an exact host or IP, or
+/// a domain suffix (`example.com` and `.example.com` both match `api.example.com`). Ports in
+/// entries are ignored; CIDR ranges are not supported.
+fn bypasses_proxy(host: &str, no_proxy: &str) -> bool {
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase();
+    no_proxy
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .any(|entry| {
+            if entry == "*" {
+                return true;
+            }
+            let entry = if let Some(bracketed) = entry.strip_prefix('[') {
+                // [v6]:port or [v6]
+                bracketed.split(']').next().unwrap_or(bracketed)
+            } else {
+                match entry.rsplit_once(':') {
+                    // host:port, but not a bare IPv6 address
+                    Some((name, port))
+                        if !name.contains(':') && port.chars().all(|c| c.is_ascii_digit()) =>
+                    {
+                        name
+                    }
+                    _ => entry,
+                }
+            };
+            let entry = entry.to_ascii_lowercase();
+            let domain = entry.trim_start_matches('.');
+            host == domain || host.ends_with(&format!(".{domain}"))
+        })
 }
 
 /// kube's kubeconfig errors, minus YAML parser detail (which may quote the file, and the

@@ -615,3 +615,27 @@ fn config_defaults_and_validation() {
 }
 
 use serde_json::json;
+
+#[test]
+fn no_proxy_lists_are_honoured() {
+    let cases = [
+        ("127.0.0.1", "127.0.0.1", true),
+        ("127.0.0.1", "localhost,127.0.0.1:6443", true),
+        ("api.hub.example.com", "example.com", true),
+        ("api.hub.example.com", ".example.com", true),
+        ("example.com", ".example.com", true),
+        ("notexample.com", "example.com", false),
+        ("api.hub.example.com", "other.com, hub.example.org", false),
+        ("anything", "*", true),
+        ("[::1]", "::1", true),
+        ("[::1]", "[::1]:443", true),
+        ("10.0.0.1", "", false),
+    ];
+    for (host, no_proxy, want) in cases {
+        assert_eq!(
+            bypasses_proxy(host, no_proxy),
+            want,
+            "{host} vs {no_proxy:?}"
+        );
+    }
+}
