@@ -32,7 +32,6 @@ use crate::config::{
 };
 use crate::request::TokenRequest;
 
-use super::file::jwt_expiry;
 use super::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Secret as Hidden};
 
 /// How long a call waits for the first list of the namespace's Secrets. A list of one
@@ -654,16 +653,7 @@ fn token_from_text(
             "{what} holds more than one token (whitespace inside); is it a kubeconfig? then set format: kubeconfig"
         )));
     }
-    let expires_at = match jwt_expiry(token) {
-        Some(exp) if exp <= SystemTime::now() => {
-            return Err(ProviderError::Unavailable(format!(
-                "the token in {what} expired at {}",
-                humantime::format_rfc3339_seconds(exp)
-            )));
-        }
-        Some(exp) => exp,
-        None => SystemTime::now() + lifetime,
-    };
+    let expires_at = super::jwt::bearer_expiry(token, lifetime, what)?;
     Ok(Credential::token(token, expires_at))
 }
 

@@ -21,6 +21,7 @@ pub mod fake;
 pub mod file;
 #[cfg(feature = "gcp")]
 pub mod gcp;
+pub mod jwt;
 #[cfg(feature = "kubernetes-secret")]
 pub mod kubernetes_secret;
 pub mod unbuilt;

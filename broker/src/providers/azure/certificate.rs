@@ -12,8 +12,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use aws_lc_rs::digest;
-use aws_lc_rs::rand::SystemRandom;
-use aws_lc_rs::signature::{KeyPair as _, RSA_PKCS1_SHA256, RsaKeyPair};
+use aws_lc_rs::signature::{KeyPair as _, RsaKeyPair};
 use azure_core::http::ClientMethodOptions;
 use azure_identity::ClientAssertion;
 use base64::Engine as _;
@@ -99,7 +98,6 @@ impl CertificateAssertion {
 
     /// A fresh signed assertion.
     pub fn sign(&self, now: SystemTime) -> Result<String, String> {
-        let b64url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
         let mut header = serde_json::json!({
             "alg": "RS256",
             "typ": "JWT",
@@ -122,21 +120,8 @@ impl CertificateAssertion {
             "iat": now,
             "exp": now + ASSERTION_LIFETIME.as_secs(),
         });
-        let signing_input = format!(
-            "{}.{}",
-            b64url.encode(header.to_string()),
-            b64url.encode(claims.to_string())
-        );
-        let mut signature = vec![0; self.key.public_modulus_len()];
-        self.key
-            .sign(
-                &RSA_PKCS1_SHA256,
-                &SystemRandom::new(),
-                signing_input.as_bytes(),
-                &mut signature,
-            )
-            .map_err(|_| "signing the client assertion failed".to_owned())?;
-        Ok(format!("{signing_input}.{}", b64url.encode(signature)))
+        crate::providers::jwt::sign_rs256(&self.key, &header, &claims)
+            .map_err(|_| "signing the client assertion failed".to_owned())
     }
 }
 

@@ -8,9 +8,7 @@
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::rsa::KeyPair;
-use aws_lc_rs::signature::RSA_PKCS1_SHA256;
 use base64::Engine as _;
 use serde_json::{Value, json};
 
@@ -98,22 +96,8 @@ impl ServiceAccountKey {
             "iat": iat,
             "exp": iat + ASSERTION_LIFETIME.as_secs(),
         });
-        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        let signing_input = format!(
-            "{}.{}",
-            b64.encode(header.to_string()),
-            b64.encode(claims.to_string())
-        );
-        let mut signature = vec![0; self.key.public_modulus_len()];
-        self.key
-            .sign(
-                &RSA_PKCS1_SHA256,
-                &SystemRandom::new(),
-                signing_input.as_bytes(),
-                &mut signature,
-            )
-            .map_err(|_| "signing the assertion failed".to_owned())?;
-        Ok(format!("{signing_input}.{}", b64.encode(signature)))
+        crate::providers::jwt::sign_rs256(&self.key, &header, &claims)
+            .map_err(|_| "signing the assertion failed".to_owned())
     }
 }
 

@@ -52,12 +52,7 @@ fn req(config: serde_json::Value) -> TokenRequest {
 }
 
 fn jwt(exp: u64) -> String {
-    let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    format!(
-        "{}.{}.sig",
-        engine.encode(r#"{"alg":"RS256"}"#),
-        engine.encode(format!(r#"{{"sub":"x","exp":{exp}}}"#))
-    )
+    crate::providers::jwt::unsigned(&serde_json::json!({"sub": "x", "exp": exp}))
 }
 
 fn token_of(c: &Credential) -> &str {
