@@ -963,8 +963,9 @@ impl Drop for FakeApiServer {
     }
 }
 
-/// A CA and a server certificate for 127.0.0.1/localhost signed by it: (CA PEM, TLS config).
-pub(crate) fn tls_config() -> (String, Arc<rustls::ServerConfig>) {
+/// A CA and a server certificate for 127.0.0.1/localhost signed by it: (CA PEM, TLS config)
+/// for the tests' fake HTTPS endpoints (ring: the tests' own crypto, not the broker's).
+pub fn tls_config() -> (String, Arc<rustls::ServerConfig>) {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
     let ca_key = KeyPair::generate().expect("CA key");
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
@@ -1219,4 +1220,38 @@ impl Drop for HungServer {
             let _ = t.join();
         }
     }
+}
+
+/// `application/x-www-form-urlencoded` → map.
+pub fn parse_form(text: &str) -> std::collections::BTreeMap<String, String> {
+    fn decode(s: &str) -> String {
+        let bytes = s.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'+' => out.push(b' '),
+                b'%' if i + 2 < bytes.len() => {
+                    let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                    match u8::from_str_radix(hex, 16) {
+                        Ok(b) => {
+                            out.push(b);
+                            i += 2;
+                        }
+                        Err(_) => out.push(b'%'),
+                    }
+                }
+                b => out.push(b),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    text.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
 }

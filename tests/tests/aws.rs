@@ -22,8 +22,8 @@ use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Cluster, GetTokenRequest};
 use credbroker_tests::{
     BROKER, Kubeconfig, V1, V1BETA1, assert_credential, assert_shim_error, bin, describe,
-    exec_info, kubectl, run, run_shim, tempdir, unix_channel, wait_until, write_kubeconfig,
-    yaml_str,
+    exec_info, kubectl, run, run_shim, tempdir, tls_config, unix_channel, wait_until,
+    write_kubeconfig, yaml_str,
 };
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Bytes;
@@ -609,44 +609,6 @@ impl Drop for FakeHttps {
             let _ = t.join();
         }
     }
-}
-
-/// A CA and a 127.0.0.1/localhost server certificate signed by it.
-fn tls_config() -> (String, Arc<rustls::ServerConfig>) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
-    let ca_key = KeyPair::generate().expect("CA key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "credbroker aws e2e CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::CrlSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca_params.self_signed(&ca_key).expect("self-sign CA");
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().expect("server key");
-    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
-    params
-        .subject_alt_names
-        .push(SanType::IpAddress(Ipv4Addr::LOCALHOST.into()));
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-    let cert = params.signed_by(&key, &issuer).expect("server cert");
-    let der = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
-        key.serialize_der(),
-    ));
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_no_client_auth()
-    .with_single_cert(vec![cert.der().clone()], der)
-    .expect("cert");
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    (ca_cert.pem(), Arc::new(config))
 }
 
 // ---------------------------------------------------------------------------------------

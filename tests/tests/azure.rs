@@ -21,8 +21,8 @@ use base64::Engine as _;
 use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Cluster, GetTokenRequest};
 use credbroker_tests::{
-    BROKER, BROKER_TIMEOUT, V1, assert_credential, assert_shim_error, bin, exec_info, run_shim,
-    tempdir, unix_channel, yaml_str,
+    BROKER, BROKER_TIMEOUT, V1, assert_credential, assert_shim_error, bin, exec_info, parse_form,
+    run_shim, tempdir, tls_config, unix_channel, yaml_str,
 };
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::{Bytes, Incoming};
@@ -157,43 +157,6 @@ impl Drop for FakeEntra {
     }
 }
 
-fn tls_config() -> (String, Arc<rustls::ServerConfig>) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
-    let ca_key = KeyPair::generate().expect("CA key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "credbroker azure test CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca_params.self_signed(&ca_key).expect("CA");
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().expect("server key");
-    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
-    params
-        .subject_alt_names
-        .push(SanType::IpAddress(Ipv4Addr::LOCALHOST.into()));
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "fake login.microsoftonline.com");
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-    let cert = params.signed_by(&key, &issuer).expect("server cert");
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_no_client_auth()
-    .with_single_cert(vec![cert.der().clone()], key)
-    .expect("cert");
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    (ca_cert.pem(), Arc::new(config))
-}
-
 async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -238,7 +201,7 @@ fn reply(status: u16, body: String) -> Response<Full<Bytes>> {
 async fn answer(state: &Mutex<State>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let method = req.method().to_string();
     let path = req.uri().path().to_owned();
-    let query = form(req.uri().query().unwrap_or(""));
+    let query = parse_form(req.uri().query().unwrap_or(""));
     let headers: BTreeMap<String, String> = req
         .headers()
         .iter()
@@ -250,7 +213,7 @@ async fn answer(state: &Mutex<State>, req: Request<Incoming>) -> Response<Full<B
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    let body_form = form(&String::from_utf8_lossy(&body));
+    let body_form = parse_form(&String::from_utf8_lossy(&body));
     let mut st = state.lock().expect("lock");
     st.seen.push(Seen {
         method: method.clone(),
@@ -435,38 +398,6 @@ fn unix_now() -> u64 {
         .duration_since(SystemTime::UNIX_EPOCH)
         .expect("clock")
         .as_secs()
-}
-
-/// `a=b&c=d` with percent-decoding (and `+` as space).
-fn form(text: &str) -> BTreeMap<String, String> {
-    fn decode(s: &str) -> String {
-        let bytes = s.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            match bytes[i] {
-                b'+' => out.push(b' '),
-                b'%' if i + 2 < bytes.len() => {
-                    let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                    match u8::from_str_radix(hex, 16) {
-                        Ok(b) => out.push(b),
-                        Err(_) => out.extend_from_slice(&bytes[i..i + 3]),
-                    }
-                    i += 2;
-                }
-                b => out.push(b),
-            }
-            i += 1;
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    }
-    text.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Cluster, GetTokenRequest, GetTokenResponse};
 use credbroker_tests::{
     BROKER, BROKER_TIMEOUT, COMMAND_TIMEOUT, V1, assert_credential, assert_shim_error, bin,
-    describe, exec_info, run, run_shim, tempdir, unix_channel, wait_until, yaml_str,
+    describe, exec_info, parse_form, run, run_shim, tempdir, unix_channel, wait_until, yaml_str,
 };
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::{Bytes, Incoming};
@@ -185,40 +185,6 @@ async fn answer(
         .header("metadata-flavor", "Google")
         .body(Full::new(Bytes::from(body.to_string())))
         .expect("response")
-}
-
-/// `application/x-www-form-urlencoded` → map.
-fn parse_form(text: &str) -> BTreeMap<String, String> {
-    fn decode(s: &str) -> String {
-        let bytes = s.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            match bytes[i] {
-                b'+' => out.push(b' '),
-                b'%' if i + 2 < bytes.len() => {
-                    let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                    match u8::from_str_radix(hex, 16) {
-                        Ok(b) => {
-                            out.push(b);
-                            i += 2;
-                        }
-                        Err(_) => out.push(b'%'),
-                    }
-                }
-                b => out.push(b),
-            }
-            i += 1;
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    }
-    text.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
 }
 
 fn oauth_error(status: u16, error: &str, description: &str) -> (u16, Value) {
