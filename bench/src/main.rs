@@ -167,6 +167,9 @@ fn main() {
     print!("{report}");
 }
 
+/// One section of the report.
+type Section<'a> = fn(&mut Bench<'a>);
+
 /// Everything a run shares: the fakes, a work dir with plugin scripts and files, and the
 /// report being written.
 struct Bench<'a> {
@@ -318,7 +321,7 @@ impl<'a> Bench<'a> {
     fn run(&mut self) -> String {
         let started = Instant::now();
         self.header();
-        let sections: [(&str, fn(&mut Self)); 7] = [
+        let sections: [(&str, Section<'a>); 7] = [
             ("exec", Self::shim_vs_anchors),
             ("throughput", Self::throughput),
             ("cold", Self::cold_single_flight),
