@@ -68,3 +68,4 @@ printf '%s: %s bytes\n' "$shim" "$(stat -c %s "$shim")"
 say "tests"
 cargo build --locked --workspace --bins
 cargo test --locked --workspace
+cargo run --locked -q -p credbroker-bench -- --smoke >/dev/null   # benchmarks keep working (BENCHMARKS.md)

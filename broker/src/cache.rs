@@ -198,7 +198,10 @@ struct State {
     last_access: Option<Instant>,
     /// The latest request, so an operator's forced refresh can fetch without a caller.
     last_request: Option<TokenRequest>,
-    clusters: std::collections::BTreeSet<String>,
+    /// Sorted, at most [`LISTED_CLUSTERS`]. A `Vec`, not a `BTreeSet`: most entries serve
+    /// one cluster (an EKS token per cluster), and a set's first node alone takes about
+    /// 300 bytes per entry (BENCHMARKS.md, memory).
+    clusters: Vec<String>,
     more_clusters: u32,
     hits: u64,
 }
@@ -206,9 +209,12 @@ struct State {
 impl State {
     fn note_request(&mut self, req: &TokenRequest) {
         let label = req.cluster_label();
-        if !self.clusters.contains(&label) {
+        if let Err(at) = self.clusters.binary_search(&label) {
             if self.clusters.len() < LISTED_CLUSTERS {
-                self.clusters.insert(label);
+                if self.clusters.is_empty() {
+                    self.clusters.reserve_exact(1);
+                }
+                self.clusters.insert(at, label);
             } else {
                 self.more_clusters = self.more_clusters.saturating_add(1);
             }
@@ -456,7 +462,7 @@ impl State {
         let wall = |at: Instant| SystemTime::now() + at.saturating_duration_since(now);
         EntryInfo {
             key,
-            clusters: self.clusters.iter().cloned().collect(),
+            clusters: self.clusters.clone(),
             more_clusters: self.more_clusters,
             expires_at: self.current.as_ref().map(|f| f.credential.expires_at),
             refresh_at: self.current.as_ref().map(|f| wall(f.refresh_at)),

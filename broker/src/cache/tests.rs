@@ -569,3 +569,22 @@ mod properties {
         Ok(())
     }
 }
+
+#[test]
+fn clusters_are_listed_sorted_once_and_counted_past_the_limit() {
+    let mut st = State::default();
+    let names: Vec<String> = (0..LISTED_CLUSTERS + 8)
+        .rev()
+        .map(|i| format!("c{i:03}"))
+        .collect();
+    for name in names.iter().chain(&names[..3]) {
+        st.note_request(&req(name));
+    }
+    let mut want = names[..LISTED_CLUSTERS].to_vec();
+    want.sort();
+    assert_eq!(
+        st.clusters, want,
+        "the first {LISTED_CLUSTERS} seen, sorted"
+    );
+    assert_eq!(st.more_clusters, 8, "repeats are not counted again");
+}

@@ -169,7 +169,9 @@ fn first_lines(stderr: &[u8]) -> String {
 
 /// Parses an ExecCredential (v1 or v1beta1). Errors describe the structure only: the
 /// output holds a secret, so none of its values is ever quoted.
-fn parse_exec_credential(
+///
+/// Public for the fuzz target in `fuzz/` (the exec provider is its only caller).
+pub fn parse_exec_credential(
     stdout: &[u8],
     default_lifetime: std::time::Duration,
 ) -> Result<Credential, String> {
