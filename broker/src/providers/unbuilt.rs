@@ -1,6 +1,6 @@
-//! Placeholder for provider types this build lacks (not implemented yet, or its Cargo
-//! feature turned off): the config is still accepted and validated, and every request gets
-//! a clear UNIMPLEMENTED error instead of the broker refusing to start.
+//! Placeholder for provider types this build lacks (their Cargo feature is off): the config
+//! is still accepted and validated, and every request gets a clear UNIMPLEMENTED error
+//! instead of the broker refusing to start.
 
 use crate::config::ProviderKind;
 use crate::request::TokenRequest;
