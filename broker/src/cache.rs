@@ -16,7 +16,7 @@ use futures_util::future::Shared;
 use tokio::time::Instant;
 
 use crate::providers::{BoxFuture, Credential, Provider, ProviderError};
-use crate::request::TokenRequest;
+use crate::request::{StoredRequest, TokenRequest};
 
 /// The design's rule: refresh at about half the lifetime, so a refresh that fails has the
 /// other half of the lifetime to succeed in.
@@ -196,8 +196,9 @@ struct State {
     retry_at: Option<Instant>,
     last_error: Option<CacheError>,
     last_access: Option<Instant>,
-    /// The latest request, so an operator's forced refresh can fetch without a caller.
-    last_request: Option<TokenRequest>,
+    /// The request of the last upstream call, so an operator's forced refresh can fetch
+    /// without a caller.
+    last_request: Option<StoredRequest>,
     /// Sorted, at most [`LISTED_CLUSTERS`]. A `Vec`, not a `BTreeSet`: most entries serve
     /// one cluster (an EKS token per cluster), and a set's first node alone takes about
     /// 300 bytes per entry (BENCHMARKS.md, memory).
@@ -218,9 +219,6 @@ impl State {
             } else {
                 self.more_clusters = self.more_clusters.saturating_add(1);
             }
-        }
-        if self.last_request.as_ref() != Some(req) {
-            self.last_request = Some(req.clone());
         }
     }
 }
@@ -310,6 +308,7 @@ impl Cache {
         req: &TokenRequest,
         background: bool,
     ) -> Inflight {
+        st.last_request = Some(StoredRequest::new(req));
         let slot = Arc::clone(slot);
         let provider = Arc::clone(provider);
         let req = req.clone();
@@ -426,7 +425,10 @@ impl Cache {
         };
         let fetch = {
             let mut st = slot.lock();
-            match (&st.inflight, st.last_request.clone()) {
+            match (
+                &st.inflight,
+                st.last_request.as_ref().map(StoredRequest::request),
+            ) {
                 (Some(inflight), _) => inflight.clone(),
                 (None, Some(req)) => self.start_fetch(&slot, &mut st, provider, &req, true),
                 (None, None) => {

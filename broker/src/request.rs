@@ -121,6 +121,68 @@ impl ClusterInfo {
     }
 }
 
+/// A request kept for later (an operator's forced refresh), in compact form: an entry may
+/// hold it for hours, and a JSON map costs several hundred bytes where its text costs tens
+/// (BENCHMARKS.md, memory per entry).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredRequest {
+    provider: Box<str>,
+    cluster: Option<Box<StoredCluster>>,
+    interactive: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct StoredCluster {
+    server: Box<str>,
+    tls_server_name: Box<str>,
+    insecure_skip_tls_verify: bool,
+    certificate_authority_data: Box<[u8]>,
+    proxy_url: Box<str>,
+    disable_compression: bool,
+    /// The config map as JSON text.
+    config: Box<str>,
+}
+
+impl StoredRequest {
+    pub fn new(req: &TokenRequest) -> Self {
+        let cluster = req.cluster.as_ref().map(|c| {
+            Box::new(StoredCluster {
+                server: c.server.as_str().into(),
+                tls_server_name: c.tls_server_name.as_str().into(),
+                insecure_skip_tls_verify: c.insecure_skip_tls_verify,
+                certificate_authority_data: c.certificate_authority_data.as_slice().into(),
+                proxy_url: c.proxy_url.as_str().into(),
+                disable_compression: c.disable_compression,
+                config: Value::Object(c.config.clone()).to_string().into(),
+            })
+        });
+        Self {
+            provider: req.provider.as_str().into(),
+            cluster,
+            interactive: req.interactive,
+        }
+    }
+
+    /// The request again, as it arrived.
+    pub fn request(&self) -> TokenRequest {
+        let cluster = self.cluster.as_ref().map(|c| ClusterInfo {
+            server: c.server.to_string(),
+            tls_server_name: c.tls_server_name.to_string(),
+            insecure_skip_tls_verify: c.insecure_skip_tls_verify,
+            certificate_authority_data: c.certificate_authority_data.to_vec(),
+            proxy_url: c.proxy_url.to_string(),
+            disable_compression: c.disable_compression,
+            // Written by `new` from a map, so it parses back to one.
+            config: serde_json::from_str(&c.config).unwrap_or_default(),
+        });
+        TokenRequest {
+            provider: self.provider.to_string(),
+            cluster,
+            interactive: self.interactive,
+        }
+    }
+}
+
 fn struct_to_map(s: prost_types::Struct) -> Map<String, Value> {
     s.fields
         .into_iter()
@@ -200,6 +262,38 @@ mod tests {
         assert_eq!(json["certificate-authority-data"], "UEVN");
         assert_eq!(json["config"]["port"], 443);
         assert!(json.get("proxy-url").is_none());
+    }
+
+    #[test]
+    fn stored_requests_come_back_as_they_were() {
+        let mut config = Map::new();
+        config.insert("clusterName".into(), "a".into());
+        config.insert("port".into(), 443.into());
+        config.insert("ratio".into(), 0.5.into());
+        config.insert(
+            "nested".into(),
+            serde_json::json!({"list": [1, "two", null]}),
+        );
+        let req = TokenRequest {
+            provider: "p".into(),
+            cluster: Some(ClusterInfo {
+                server: "https://x".into(),
+                tls_server_name: "x".into(),
+                insecure_skip_tls_verify: true,
+                certificate_authority_data: b"PEM".to_vec(),
+                proxy_url: "http://proxy:3128".into(),
+                disable_compression: true,
+                config,
+            }),
+            interactive: true,
+        };
+        assert_eq!(StoredRequest::new(&req).request(), req);
+        let bare = TokenRequest {
+            provider: "p".into(),
+            cluster: None,
+            interactive: false,
+        };
+        assert_eq!(StoredRequest::new(&bare).request(), bare);
     }
 
     #[test]
