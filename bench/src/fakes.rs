@@ -53,7 +53,7 @@ impl Fake {
             lifetime_s: AtomicU64::new(lifetime.as_secs()),
         });
         let (ca_pem, tls) = if kind == Kind::Entra {
-            let (ca, config) = tls_config();
+            let (ca, config) = credbroker_tests::tls_config();
             (Some(ca), Some(tokio_rustls::TlsAcceptor::from(config)))
         } else {
             (None, None)
@@ -203,42 +203,4 @@ fn assume_role_ok(n: u64, life_s: u64) -> String {
   <ResponseMetadata><RequestId>req-{n}</RequestId></ResponseMetadata>
 </AssumeRoleResponse>"#
     )
-}
-
-/// A CA and a 127.0.0.1/localhost server certificate signed by it.
-fn tls_config() -> (String, Arc<rustls::ServerConfig>) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
-    let ca_key = KeyPair::generate().expect("CA key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "credbroker bench CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::CrlSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca_params.self_signed(&ca_key).expect("self-sign CA");
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().expect("server key");
-    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
-    params
-        .subject_alt_names
-        .push(SanType::IpAddress(Ipv4Addr::LOCALHOST.into()));
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-    let cert = params.signed_by(&key, &issuer).expect("server cert");
-    let der = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
-        key.serialize_der(),
-    ));
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_no_client_auth()
-    .with_single_cert(vec![cert.der().clone()], der)
-    .expect("cert");
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    (ca_cert.pem(), Arc::new(config))
 }

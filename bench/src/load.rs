@@ -8,25 +8,8 @@ use std::time::{Duration, Instant};
 
 use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Cluster, GetTokenRequest, GetTokenResponse};
-use hyper_util::rt::TokioIo;
+use credbroker_tests::unix_channel as connect;
 use tonic::transport::Channel;
-
-/// A channel to the broker's socket.
-pub async fn connect(socket: &Path) -> Channel {
-    let path = socket.to_path_buf();
-    tonic::transport::Endpoint::from_static("http://localhost")
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(60))
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }))
-        .await
-        .unwrap_or_else(|e| panic!("connect to {}: {e}", socket.display()))
-}
 
 /// `n` connections.
 pub async fn connect_many(socket: &Path, n: usize) -> Vec<Channel> {

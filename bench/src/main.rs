@@ -468,7 +468,7 @@ impl<'a> Bench<'a> {
             let mut out = Vec::with_capacity(self.plan.shim_runs);
             for _ in 0..self.plan.shim_runs {
                 let t = Instant::now();
-                let ch = load::connect(&broker.socket).await;
+                let ch = credbroker_tests::unix_channel(&broker.socket).await;
                 load::get_token(&ch, load::request("hit", "c1"))
                     .await
                     .expect("in-process call");
@@ -708,7 +708,7 @@ impl<'a> Bench<'a> {
     fn eks_token_len(&self) -> usize {
         let broker = self.start_broker(100);
         self.rt.block_on(async {
-            let ch = load::connect(&broker.socket).await;
+            let ch = credbroker_tests::unix_channel(&broker.socket).await;
             load::get_token(&ch, load::request("eks-static", "cluster-000001"))
                 .await
                 .map(|r| r.token.len())
@@ -734,7 +734,7 @@ impl<'a> Bench<'a> {
         let broker = self.start_broker(n as u64 * 2);
         let plan = self.plan.clone();
         let result = self.rt.block_on(async {
-            let hot = load::connect(&broker.socket).await;
+            let hot = credbroker_tests::unix_channel(&broker.socket).await;
             let touch = load::connect_many(&broker.socket, 8).await;
             load::get_token(&hot, load::request("hit", "hot"))
                 .await
