@@ -908,7 +908,10 @@ impl FakeApiServer {
                 .enable_all()
                 .build()
                 .expect("tokio runtime");
-            rt.block_on(serve_https(listener, tls, thread_state, rx));
+            rt.block_on(serve_tls(listener, tls, rx, move |req| {
+                let state = Arc::clone(&thread_state);
+                async move { answer(&state, &req) }
+            }));
         });
         FakeApiServer {
             url,
@@ -1009,12 +1012,20 @@ pub fn tls_config() -> (String, Arc<rustls::ServerConfig>) {
     (ca_cert.pem(), Arc::new(config))
 }
 
-async fn serve_https(
+/// Serves HTTPS (HTTP/1.1) on `listener` until `shutdown` fires, answering every request
+/// with `handler`: the accept loop of every TLS fake in the tests and the bench.
+pub async fn serve_tls<H, F>(
     listener: std::net::TcpListener,
     tls: Arc<rustls::ServerConfig>,
-    state: Arc<FakeState>,
     mut shutdown: tokio::sync::oneshot::Receiver<()>,
-) {
+    handler: H,
+) where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    listener
+        .set_nonblocking(true)
+        .expect("nonblocking listener");
     let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     loop {
@@ -1026,14 +1037,14 @@ async fn serve_https(
             },
         };
         let acceptor = acceptor.clone();
-        let state = Arc::clone(&state);
+        let handler = handler.clone();
         tokio::spawn(async move {
             let Ok(tls) = acceptor.accept(stream).await else {
                 return;
             };
             let service = hyper::service::service_fn(move |req| {
-                let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(answer(&state, &req)) }
+                let answer = handler(req);
+                async move { Ok::<_, Infallible>(answer.await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(tls), service)

@@ -7,7 +7,6 @@
 //! (HOME in a temp dir, instance metadata disabled), so nothing on the machine leaks in.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -22,7 +21,7 @@ use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Cluster, GetTokenRequest};
 use credbroker_tests::{
     BROKER, Kubeconfig, V1, V1BETA1, assert_credential, assert_shim_error, bin, describe,
-    exec_info, kubectl, run, run_shim, tempdir, tls_config, unix_channel, wait_until,
+    exec_info, kubectl, run, run_shim, serve_tls, tempdir, tls_config, unix_channel, wait_until,
     write_kubeconfig, yaml_str,
 };
 use http_body_util::{BodyExt as _, Full};
@@ -492,92 +491,63 @@ impl FakeHttps {
         let (ca_pem, tls) = tls_config();
         let listener =
             std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
         let url = format!("https://{}", listener.local_addr().expect("addr"));
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread_seen = Arc::clone(&seen);
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-                loop {
-                    let stream = tokio::select! {
-                        _ = &mut rx => return,
-                        accepted = listener.accept() => match accepted {
-                            Ok((s, _)) => s,
-                            Err(_) => continue,
-                        },
-                    };
-                    let acceptor = acceptor.clone();
+            rt.block_on(serve_tls(
+                listener,
+                tls,
+                rx,
+                move |req: hyper::Request<hyper::body::Incoming>| {
                     let handler = Arc::clone(&handler);
                     let seen = Arc::clone(&thread_seen);
-                    tokio::spawn(async move {
-                        let Ok(tls) = acceptor.accept(stream).await else {
-                            return;
+                    async move {
+                        let method = req.method().to_string();
+                        let path_and_query = req
+                            .uri()
+                            .path_and_query()
+                            .map(|p| p.to_string())
+                            .unwrap_or_default();
+                        let headers = req
+                            .headers()
+                            .iter()
+                            .map(|(k, v)| {
+                                (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned())
+                            })
+                            .collect();
+                        let body = req
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+                            .unwrap_or_default();
+                        let request = Seen {
+                            method,
+                            path_and_query,
+                            headers,
+                            body,
                         };
-                        let service = hyper::service::service_fn(
-                            move |req: hyper::Request<hyper::body::Incoming>| {
-                                let handler = Arc::clone(&handler);
-                                let seen = Arc::clone(&seen);
-                                async move {
-                                    let method = req.method().to_string();
-                                    let path_and_query = req
-                                        .uri()
-                                        .path_and_query()
-                                        .map(|p| p.to_string())
-                                        .unwrap_or_default();
-                                    let headers = req
-                                        .headers()
-                                        .iter()
-                                        .map(|(k, v)| {
-                                            (
-                                                k.as_str().to_owned(),
-                                                v.to_str().unwrap_or("").to_owned(),
-                                            )
-                                        })
-                                        .collect();
-                                    let body = req
-                                        .into_body()
-                                        .collect()
-                                        .await
-                                        .map(|b| {
-                                            String::from_utf8_lossy(&b.to_bytes()).into_owned()
-                                        })
-                                        .unwrap_or_default();
-                                    let request = Seen {
-                                        method,
-                                        path_and_query,
-                                        headers,
-                                        body,
-                                    };
-                                    let (status, body) = handler(&request);
-                                    seen.lock().expect("lock").push(request);
-                                    let content_type = if body.starts_with('<') {
-                                        "text/xml"
-                                    } else {
-                                        "application/json"
-                                    };
-                                    Ok::<_, Infallible>(
-                                        hyper::Response::builder()
-                                            .status(status)
-                                            .header("content-type", content_type)
-                                            .body(Full::new(Bytes::from(body)))
-                                            .expect("response"),
-                                    )
-                                }
-                            },
-                        );
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-                            .await;
-                    });
-                }
-            });
+                        let (status, body) = handler(&request);
+                        seen.lock().expect("lock").push(request);
+                        let content_type = if body.starts_with('<') {
+                            "text/xml"
+                        } else {
+                            "application/json"
+                        };
+                        hyper::Response::builder()
+                            .status(status)
+                            .header("content-type", content_type)
+                            .body(Full::new(Bytes::from(body)))
+                            .expect("response")
+                    }
+                },
+            ));
         });
         FakeHttps {
             url,

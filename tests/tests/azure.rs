@@ -7,7 +7,6 @@
 //! identity route (`IDENTITY_ENDPOINT`), checking its header and query.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
@@ -22,12 +21,11 @@ use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Cluster, GetTokenRequest};
 use credbroker_tests::{
     BROKER, BROKER_TIMEOUT, V1, assert_credential, assert_shim_error, bin, exec_info, parse_form,
-    run_shim, tempdir, tls_config, unix_channel, yaml_str,
+    run_shim, serve_tls, tempdir, tls_config, unix_channel, yaml_str,
 };
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
@@ -111,7 +109,10 @@ impl FakeEntra {
                 .enable_all()
                 .build()
                 .expect("runtime");
-            rt.block_on(serve(listener, tls, thread_state, rx));
+            rt.block_on(serve_tls(listener, tls, rx, move |req| {
+                let state = Arc::clone(&thread_state);
+                async move { answer(&state, req).await }
+            }));
         });
         FakeEntra {
             url,
@@ -154,39 +155,6 @@ impl Drop for FakeEntra {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-async fn serve(
-    listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
-    state: Arc<Mutex<State>>,
-    mut shutdown: tokio::sync::oneshot::Receiver<()>,
-) {
-    let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    loop {
-        let stream = tokio::select! {
-            _ = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok((s, _)) => s,
-                Err(_) => continue,
-            },
-        };
-        let acceptor = acceptor.clone();
-        let state = Arc::clone(&state);
-        tokio::spawn(async move {
-            let Ok(tls) = acceptor.accept(stream).await else {
-                return;
-            };
-            let service = hyper::service::service_fn(move |req| {
-                let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(answer(&state, req).await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), service)
-                .await;
-        });
     }
 }
 
