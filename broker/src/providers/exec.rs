@@ -117,7 +117,12 @@ impl Provider for ExecProvider {
     fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
         Ok(match &req.cluster {
             // serde_json maps are sorted, so equal configs render equally.
-            Some(c) => format!("{} {}", c.server, Value::Object(c.config.clone())),
+            Some(c) => {
+                let config = serde_json::to_string(&c.config).map_err(|e| {
+                    ProviderError::InvalidRequest(format!("cluster config cannot be rendered: {e}"))
+                })?;
+                format!("{} {config}", c.server)
+            }
             None => String::new(),
         })
     }

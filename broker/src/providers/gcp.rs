@@ -208,6 +208,8 @@ pub struct GcpProvider {
     http: tokio::sync::OnceCell<http::Clients>,
     /// The credential identity, once a source has been read successfully.
     source_identity: OnceLock<String>,
+    /// What follows the source in the cache key: fixed by the config, so built once.
+    identity_suffix: String,
 }
 
 impl GcpProvider {
@@ -218,6 +220,7 @@ impl GcpProvider {
         };
         scopes.sort();
         scopes.dedup();
+        let identity_suffix = identity_suffix(&scopes, &config);
         Self {
             name: name.to_owned(),
             config,
@@ -225,6 +228,7 @@ impl GcpProvider {
             env,
             http: tokio::sync::OnceCell::new(),
             source_identity: OnceLock::new(),
+            identity_suffix,
         }
     }
 
@@ -277,17 +281,6 @@ impl GcpProvider {
         let text = std::fs::read_to_string(path).map_err(|e| file_error(&shown, &e))?;
         parse_credential_file(&text)
             .map_err(|why| ProviderError::Unavailable(format!("{shown}: {why}")))
-    }
-
-    fn identity_suffix(&self) -> String {
-        let mut id = format!("|scopes={}", self.scopes.join(","));
-        if let Some(target) = &self.config.impersonate_service_account {
-            id.push_str(&format!("|impersonate={target}"));
-            if let Some(delegates) = &self.config.delegates {
-                id.push_str(&format!("|delegates={}", delegates.join(",")));
-            }
-        }
-        id
     }
 
     fn source_identity(&self) -> Result<String, ProviderError> {
@@ -396,7 +389,7 @@ impl Provider for GcpProvider {
         Ok(format!(
             "{}{}",
             self.source_identity()?,
-            self.identity_suffix()
+            self.identity_suffix
         ))
     }
 
@@ -406,6 +399,18 @@ impl Provider for GcpProvider {
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
         Box::pin(self.fetch_token())
     }
+}
+
+/// The scopes and impersonation part of the cache key.
+fn identity_suffix(scopes: &[String], config: &GcpConfig) -> String {
+    let mut id = format!("|scopes={}", scopes.join(","));
+    if let Some(target) = &config.impersonate_service_account {
+        id.push_str(&format!("|impersonate={target}"));
+        if let Some(delegates) = &config.delegates {
+            id.push_str(&format!("|delegates={}", delegates.join(",")));
+        }
+    }
+    id
 }
 
 fn file_error(shown: &str, e: &std::io::Error) -> ProviderError {
