@@ -442,6 +442,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("cannot build the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("the gRPC server task ended abnormally: {0}")]
+    Crashed(String),
 }
 
 /// What `credbroker serve` runs with.
@@ -537,7 +539,7 @@ pub async fn serve(
 
     let result = tokio::select! {
         // The server only ends on its own when it fails.
-        ended = &mut server => ended.unwrap_or_else(|e| panic_or_cancelled(&e)).map_err(ServeError::from),
+        ended = &mut server => server_ended(ended),
         () = shutdown => {
             tracing::info!("shutting down: no new connections, in-flight calls get {}s", SHUTDOWN_GRACE.as_secs());
             health.set_service_status("", ServingStatus::NotServing).await;
@@ -546,7 +548,7 @@ pub async fn serve(
             keeper.stop();
             let _ = stop_tx.send(());
             match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
-                Ok(ended) => ended.unwrap_or_else(|e| panic_or_cancelled(&e)).map_err(ServeError::from),
+                Ok(ended) => server_ended(ended),
                 Err(_) => {
                     tracing::warn!("in-flight calls did not finish within {}s; closing them", SHUTDOWN_GRACE.as_secs());
                     server.abort();
@@ -619,9 +621,13 @@ async fn reload_on_sighup(broker: Arc<Broker>, mut current: Config, path: Option
     }
 }
 
-fn panic_or_cancelled(e: &tokio::task::JoinError) -> Result<(), tonic::transport::Error> {
-    tracing::error!("the server task ended abnormally: {e}");
-    Ok(())
+/// How the server task ended: its own error, or a panic (never a clean exit to hide).
+fn server_ended(
+    ended: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
+) -> Result<(), ServeError> {
+    ended
+        .map_err(|e| ServeError::Crashed(e.to_string()))?
+        .map_err(ServeError::from)
 }
 
 #[cfg(test)]
