@@ -203,6 +203,7 @@ pub async fn serve(
     Ok(tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
+                tokio::time::sleep(crate::socket::ACCEPT_ERROR_PAUSE).await;
                 continue;
             };
             let (metrics, cache) = (metrics.clone(), cache.clone());

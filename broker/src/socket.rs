@@ -14,6 +14,9 @@ use tokio::sync::mpsc;
 /// How often the keeper checks that the socket file is still ours: one `stat` a second
 /// costs nothing, and a socket someone deleted is back within a second.
 pub const SOCKET_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// Pause after a failed accept: errors like EMFILE last until a descriptor frees up, and
+/// retrying at once would spin a core; a tenth of a second is unnoticeable to callers.
+pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// Why the socket could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -266,11 +269,17 @@ impl SocketKeeper {
             let mut lost = false;
             loop {
                 tokio::select! {
-                    accepted = listener.accept() => {
-                        if tx.send(accepted.map(|(stream, _)| stream)).await.is_err() {
-                            return; // the server is gone
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => {
+                            if tx.send(Ok(stream)).await.is_err() {
+                                return; // the server is gone
+                            }
                         }
-                    }
+                        Err(e) => {
+                            tracing::warn!(socket = %path.display(), error = %e, "cannot accept a connection");
+                            tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                        }
+                    },
                     _ = check.tick() => {
                         if guard.in_place() {
                             continue;
