@@ -11,3 +11,4 @@ pub mod ratelimit;
 pub mod request;
 pub mod server;
 pub mod socket;
+pub mod text;
