@@ -8,6 +8,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod yaml;
+
+pub use yaml::{MAX_CONFIG_BYTES, MAX_EXPANDED_BYTES};
+
 /// Where the shim looks when neither `--socket` nor `CREDBROKER_SOCKET` is given (the design's
 /// contract); the deploy manifests mount an `emptyDir` there in both containers.
 pub const DEFAULT_SOCKET_PATH: &str = "/var/run/credbroker/broker.sock";
@@ -1014,11 +1018,20 @@ impl<'de> Deserialize<'de> for FileMode {
 impl Config {
     /// Reads, parses and validates a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        use std::io::Read as _;
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let read_error = |source| ConfigError::Read {
             file: file.clone(),
             source,
-        })?;
+        };
+        // Never more than the size limit plus one byte, from whatever the path names.
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| {
+                f.take(yaml::MAX_CONFIG_BYTES as u64 + 1)
+                    .read_to_string(&mut text)
+            })
+            .map_err(read_error)?;
         Self::parse(&text, &file)
     }
 
@@ -1047,8 +1060,7 @@ impl Config {
         };
         // YAML → a JSON tree first: syntax errors keep their line and column, and the typed
         // pass below reports plain messages at paths like `providers[0].exec.timeout`.
-        let tree: serde_json::Value = serde_norway::from_str(text)
-            .map_err(|e| invalid("(yaml)".to_owned(), e.to_string()))?;
+        let tree = yaml::parse(text).map_err(|e| invalid(e.path, e.message))?;
         let tree = if tree.is_null() {
             serde_json::json!({})
         } else {

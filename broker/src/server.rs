@@ -568,7 +568,7 @@ pub async fn serve(
 
 /// Reads the config file again on every SIGHUP. A file that does not parse or validate
 /// is logged and ignored: the broker keeps serving on what it has.
-async fn reload_on_sighup(broker: Arc<Broker>, mut current: Config, path: Option<PathBuf>) {
+async fn reload_on_sighup(broker: Arc<Broker>, running: Config, path: Option<PathBuf>) {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangups = match signal(SignalKind::hangup()) {
         Ok(s) => s,
@@ -584,41 +584,58 @@ async fn reload_on_sighup(broker: Arc<Broker>, mut current: Config, path: Option
             );
             continue;
         };
-        let next = match Config::load(path) {
-            Ok(next) => next,
-            Err(e) => {
+        // Reading and parsing is file I/O and bounded-but-real CPU work: off the runtime's
+        // workers, so a large file never delays a GetToken.
+        let next = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || Config::load(&path)).await
+        };
+        let next = match next {
+            Ok(Ok(next)) => next,
+            Ok(Err(e)) => {
                 tracing::error!(error = %e, "SIGHUP: config not reloaded; still serving the previous one");
                 continue;
             }
-        };
-        for (what, changed) in [
-            (
-                "socket.path and socket.mode",
-                next.socket.path != current.socket.path || next.socket.mode != current.socket.mode,
-            ),
-            (
-                "cache.maxEntries and cache.idleTimeout",
-                next.cache.max_entries != current.cache.max_entries
-                    || next.cache.idle_timeout != current.cache.idle_timeout,
-            ),
-            (
-                "metrics.address",
-                next.metrics.as_ref().map(|m| &m.address)
-                    != current.metrics.as_ref().map(|m| &m.address),
-            ),
-            ("rateLimit", next.rate_limit != current.rate_limit),
-        ] {
-            if changed {
-                tracing::warn!("SIGHUP: changes to {what} take effect at the next restart");
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: config not reloaded (the parser failed); still serving the previous one");
+                continue;
             }
+        };
+        for what in restart_only_changes(&running, &next) {
+            tracing::warn!("SIGHUP: changes to {what} take effect at the next restart");
         }
         let done = broker.reload(&next);
         tracing::info!(
             kept = ?done.kept, replaced = ?done.replaced, added = ?done.added, removed = ?done.removed,
             invalidated = done.invalidated, "SIGHUP: config reloaded"
         );
-        current = next;
     }
+}
+
+/// The settings bound at start-up that `next` changes. Compared with the config the
+/// process started with (what is really running), not the last file loaded: a change is
+/// pending until the restart, however many reloads come between.
+fn restart_only_changes(running: &Config, next: &Config) -> Vec<&'static str> {
+    [
+        (
+            "socket.path and socket.mode",
+            next.socket.path != running.socket.path || next.socket.mode != running.socket.mode,
+        ),
+        (
+            "cache.maxEntries and cache.idleTimeout",
+            next.cache.max_entries != running.cache.max_entries
+                || next.cache.idle_timeout != running.cache.idle_timeout,
+        ),
+        (
+            "metrics.address",
+            next.metrics.as_ref().map(|m| &m.address)
+                != running.metrics.as_ref().map(|m| &m.address),
+        ),
+        ("rateLimit", next.rate_limit != running.rate_limit),
+    ]
+    .into_iter()
+    .filter_map(|(what, changed)| changed.then_some(what))
+    .collect()
 }
 
 /// How the server task ended: its own error, or a panic (never a clean exit to hide).
@@ -804,6 +821,31 @@ mod tests {
         let removed = b.reload(&Config::parse(&yaml("2h", ""), "t").unwrap());
         assert_eq!(removed.removed, ["c"]);
         assert!(b.provider("c").is_none());
+    }
+
+    #[test]
+    fn restart_warnings_compare_with_what_is_running() {
+        let started = Config::parse(
+            "socket: {mode: \"0660\"}\nproviders: [{name: f, type: file, file: {path: /t}}]\n",
+            "t",
+        )
+        .unwrap();
+        let changed = Config::parse(
+            "socket: {mode: \"0600\"}\nproviders: [{name: f, type: file, file: {path: /t}}]\n",
+            "t",
+        )
+        .unwrap();
+        // The first reload with a new mode warns; a second reload of the same file still
+        // does (the running socket has the old mode); going back to the running mode does not.
+        assert_eq!(
+            restart_only_changes(&started, &changed),
+            ["socket.path and socket.mode"]
+        );
+        assert_eq!(
+            restart_only_changes(&started, &changed),
+            ["socket.path and socket.mode"]
+        );
+        assert!(restart_only_changes(&started, &started).is_empty());
     }
 
     #[test]
