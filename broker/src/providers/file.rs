@@ -6,7 +6,7 @@ use crate::config::{FileConfig, ProviderKind};
 use crate::request::TokenRequest;
 use std::hash::{DefaultHasher, Hash as _, Hasher as _};
 use std::os::unix::fs::MetadataExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::{BoxFuture, Credential, Provider, ProviderError, jwt};
 
@@ -46,22 +46,11 @@ impl FileProvider {
 
     async fn read(&self, req: &TokenRequest) -> Result<Credential, ProviderError> {
         let path = self.path_for(req)?;
+        let (meta, bytes) = read_bounded(&path).await?;
         let shown = path.display();
-        let io_error = |e: std::io::Error| match e.kind() {
-            std::io::ErrorKind::NotFound => {
-                ProviderError::NotFound(format!("token file {shown} does not exist"))
-            }
-            _ => ProviderError::Unavailable(format!("cannot read token file {shown}: {e}")),
-        };
-        // Version first: if the file is replaced between the stat and the read, the next
-        // hit sees a new version and reads again (never the reverse).
-        let meta = tokio::fs::metadata(&path).await.map_err(io_error)?;
-        if meta.len() > MAX_TOKEN_BYTES {
-            return Err(ProviderError::Unavailable(format!(
-                "token file {shown} is larger than {MAX_TOKEN_BYTES} bytes"
-            )));
-        }
-        let text = tokio::fs::read_to_string(&path).await.map_err(io_error)?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            ProviderError::Unavailable(format!("token file {shown} is not UTF-8 text"))
+        })?;
         let token = text.trim();
         if token.is_empty() {
             return Err(ProviderError::Unavailable(format!(
@@ -72,6 +61,79 @@ impl FileProvider {
         let mut credential = Credential::token(token, expires_at);
         credential.source_version = Some(version(&meta));
         Ok(credential)
+    }
+}
+
+/// Reads at most [`MAX_TOKEN_BYTES`] from `path`, which must be (or, through symlinks such
+/// as kubelet's `..data`, lead to) a regular file. A FIFO, a device or a socket is refused
+/// before a byte is read: a `stat` size says nothing about them (a FIFO with no writer
+/// would block the read, and with it shutdown, forever; `/dev/zero` never ends).
+/// The metadata is the opened file's own (`fstat`), so the version matches what was read.
+async fn read_bounded(path: &Path) -> Result<(std::fs::Metadata, Vec<u8>), ProviderError> {
+    use tokio::io::AsyncReadExt as _;
+    let shown = path.display();
+    let io_error = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            ProviderError::NotFound(format!("token file {shown} does not exist"))
+        }
+        _ => ProviderError::Unavailable(format!("cannot read token file {shown}: {e}")),
+    };
+    // O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a
+    // writer; it changes nothing for a regular file. O_NOCTTY: a terminal never becomes ours.
+    let file = tokio::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_flags())
+        .open(path)
+        .await
+        .map_err(io_error)?;
+    let meta = file.metadata().await.map_err(io_error)?;
+    if !meta.is_file() {
+        return Err(ProviderError::Unavailable(format!(
+            "token file {shown} is not a regular file (it is a {}); point the path at a file",
+            kind_of(&meta)
+        )));
+    }
+    if meta.len() > MAX_TOKEN_BYTES {
+        return Err(too_large(path));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(MAX_TOKEN_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(io_error)?;
+    // The file may have grown since the fstat.
+    if bytes.len() as u64 > MAX_TOKEN_BYTES {
+        return Err(too_large(path));
+    }
+    Ok((meta, bytes))
+}
+
+fn too_large(path: &Path) -> ProviderError {
+    ProviderError::Unavailable(format!(
+        "token file {} is larger than {MAX_TOKEN_BYTES} bytes",
+        path.display()
+    ))
+}
+
+fn libc_flags() -> i32 {
+    (nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_NOCTTY).bits()
+}
+
+fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt as _;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "directory"
+    } else if t.is_fifo() {
+        "FIFO"
+    } else if t.is_char_device() {
+        "character device"
+    } else if t.is_block_device() {
+        "block device"
+    } else if t.is_socket() {
+        "socket"
+    } else {
+        "special file"
     }
 }
 
@@ -238,5 +300,48 @@ mod tests {
         };
         let msg = p.identity(&no_cluster).unwrap_err().to_string();
         assert!(msg.contains("no clusterName"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn only_regular_files_are_read_and_never_more_than_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provider(format!("{}/{{clusterName}}", dir.path().display()));
+        // A FIFO with no writer: refused at once, not waited on.
+        nix::unistd::mkfifo(
+            &dir.path().join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(5), p.fetch(&req("fifo")))
+            .await
+            .expect("a FIFO never blocks the read")
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("is not a regular file (it is a FIFO)"),
+            "{e}"
+        );
+        // A device behind a symlink: refused without reading.
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero")).unwrap();
+        let e = p.fetch(&req("zero")).await.unwrap_err();
+        assert!(e.to_string().contains("(it is a character device)"), "{e}");
+        // A directory.
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        let e = p.fetch(&req("d")).await.unwrap_err();
+        assert!(e.to_string().contains("(it is a directory)"), "{e}");
+        // Over the limit.
+        std::fs::write(
+            dir.path().join("big"),
+            vec![b'a'; MAX_TOKEN_BYTES as usize + 1],
+        )
+        .unwrap();
+        let e = p.fetch(&req("big")).await.unwrap_err();
+        assert!(e.to_string().contains("larger than"), "{e}");
+        // Kubelet's layout: a symlink chain to a regular file is served.
+        std::fs::create_dir(dir.path().join("..data")).unwrap();
+        std::fs::write(dir.path().join("..data/tok"), "tok-1\n").unwrap();
+        std::os::unix::fs::symlink("..data/tok", dir.path().join("linked")).unwrap();
+        let c = p.fetch(&req("linked")).await.unwrap();
+        assert_eq!(token_of(&c), "tok-1");
     }
 }
