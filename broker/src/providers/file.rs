@@ -62,7 +62,8 @@ impl FileProvider {
             )));
         }
         let text = tokio::fs::read_to_string(&path).await.map_err(io_error)?;
-        let token = text.trim();
+        let token = super::bearer_token(&text)
+            .map_err(|e| ProviderError::Unavailable(format!("token file {shown} {e}")))?;
         if token.is_empty() {
             return Err(ProviderError::Unavailable(format!(
                 "token file {shown} is empty"
