@@ -1221,6 +1221,21 @@ impl ExecConfig {
         if self.timeout.0.is_zero() {
             return Err(("timeout".into(), "must be longer than 0s".into()));
         }
+        // One rule instead of two timers racing: the cache stops waiting at its upstream
+        // timeout (and the plugin's process group is killed then), so a longer plugin timeout
+        // could never be reached.
+        let cap = crate::cache::UPSTREAM_TIMEOUT;
+        if self.timeout.0 > cap {
+            return Err((
+                "timeout".into(),
+                format!(
+                    "{} is longer than the cache waits for any upstream call ({}), which would stop the plugin first; use at most {}",
+                    humantime::format_duration(self.timeout.0),
+                    humantime::format_duration(cap),
+                    humantime::format_duration(cap),
+                ),
+            ));
+        }
         if self.default_lifetime.0 < Duration::from_secs(1) {
             return Err(("defaultLifetime".into(), "must be at least 1s".into()));
         }
@@ -1597,6 +1612,10 @@ providers:
             (
                 "providers:\n  - {name: a, type: exec, exec: {command: /p, timeout: 5 parsecs}}\n",
                 "providers[0].exec.timeout: invalid duration",
+            ),
+            (
+                "providers:\n  - {name: a, type: exec, exec: {command: /p, timeout: 90s}}\n",
+                "providers[0].exec.timeout: 1m 30s is longer than the cache waits for any upstream call (1m)",
             ),
             (
                 "providers:\n  - {name: a, type: exec, exec: {command: /p, apiVersion: v2}}\n",
