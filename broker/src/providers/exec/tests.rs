@@ -213,6 +213,169 @@ async fn timeout_kills_the_whole_process_group() {
     assert!(gone, "grandchild {child} survived the timeout");
 }
 
+/// Whether `pid` has exited (gone, or a zombie whose parent has not reaped it yet: `kill(pid,
+/// 0)` still succeeds on those, but they run nothing).
+fn exited(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.is_empty()
+        || stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            == Some("Z")
+}
+
+/// Polls (bounded: 5 s) until `cond` holds.
+async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..250 {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn giving_up_on_the_plugin_kills_and_reaps_its_process_group() {
+    // The cache's upstream timeout (or a shutdown) drops the fetch before the plugin's own
+    // timeout: nothing the plugin started may outlive that.
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    let body = format!(
+        "sleep 60 &\necho $$ $! > {tmp}\nmv {tmp} {pids}\nsleep 60",
+        tmp = dir.path().join("pids.tmp").display(),
+        pids = pids.display()
+    );
+    let p = provider(
+        plugin(dir.path(), &body),
+        EXEC_API_V1,
+        Duration::from_secs(30),
+    );
+    let request = req("a");
+    let mut fetch = p.fetch(&request);
+    let started = tokio::select! {
+        _ = &mut fetch => panic!("the plugin cannot have answered"),
+        started = eventually(|| pids.exists()) => started,
+    };
+    assert!(started, "the plugin never wrote its pids");
+    drop(fetch);
+    let text = std::fs::read_to_string(&pids).unwrap();
+    let (plugin_pid, child_pid) = text.trim().split_once(' ').unwrap();
+    let (plugin_pid, child_pid): (i32, i32) =
+        (plugin_pid.parse().unwrap(), child_pid.parse().unwrap());
+    assert!(
+        eventually(|| exited(child_pid)).await,
+        "the plugin's background child {child_pid} survived"
+    );
+    // The plugin itself is the broker's child: killed and reaped, not left a zombie.
+    assert!(
+        eventually(|| !Path::new(&format!("/proc/{plugin_pid}")).exists()).await,
+        "the plugin {plugin_pid} was not killed and reaped"
+    );
+}
+
+#[tokio::test]
+async fn a_plugin_that_writes_a_lot_to_stderr_still_gets_its_credential_served() {
+    // client-go drains both pipes; closing one early kills the plugin with SIGPIPE.
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "noise=$(head -c 131072 /dev/zero | tr '\\0' x)\nprintf '%s\\n' \"$noise\" >&2\n{TOKEN_OUT}"
+    );
+    let p = provider(
+        plugin(dir.path(), &body),
+        EXEC_API_V1,
+        Duration::from_secs(10),
+    );
+    let cred = p.fetch(&req("a")).await.unwrap();
+    assert_eq!(
+        cred.secret,
+        CredentialSecret::Token(Secret::new("sekrit-token"))
+    );
+}
+
+#[tokio::test]
+async fn an_over_long_stdout_is_reported_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    // 100 MB, then exit with head's status: 141 (SIGPIPE) if the broker stops reading.
+    let p = provider(
+        plugin(dir.path(), "head -c 104857600 /dev/zero"),
+        EXEC_API_V1,
+        Duration::from_secs(20),
+    );
+    let msg = p.fetch(&req("a")).await.unwrap_err().to_string();
+    assert!(
+        msg.contains(&format!("printed more than {MAX_STDOUT} bytes")),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn plugin_stderr_cannot_inject_control_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = "printf 'bad \\033[31mred\\r\\033]0;title\\007\\n2026-01-01T00:00:00Z INFO forged\\n' >&2\nexit 2";
+    let p = provider(
+        plugin(dir.path(), body),
+        EXEC_API_V1,
+        Duration::from_secs(10),
+    );
+    let msg = p.fetch(&req("a")).await.unwrap_err().to_string();
+    assert!(!msg.chars().any(char::is_control), "{msg:?}");
+    assert!(msg.contains("bad \\u{1b}[31mred"), "{msg}");
+    assert!(msg.contains("forged"), "{msg}");
+}
+
+#[test]
+fn tokens_follow_the_one_rule_for_every_provider() {
+    let out = |token: &str| {
+        json!({"apiVersion": EXEC_API_V1, "kind": "ExecCredential", "status": {"token": token}})
+            .to_string()
+    };
+    let parse = |token: &str| parse_exec_credential(out(token).as_bytes(), Duration::from_secs(60));
+    // Surrounding ASCII whitespace is trimmed, as the file and Secret providers always did.
+    assert_eq!(
+        parse(" \tsekrit-token\r\n").unwrap().secret,
+        CredentialSecret::Token(Secret::new("sekrit-token"))
+    );
+    for bad in [
+        "sekrit\r\nInjected: header",
+        "sekrit\u{1b}[2J",
+        "sekrit\u{0}tail",
+        "sekrit token",
+        "sekrit\u{7f}",
+    ] {
+        let e = parse(bad).unwrap_err();
+        assert!(e.contains("status.token"), "{bad:?}: {e}");
+        assert!(!e.contains("sekrit"), "{bad:?} quoted: {e}");
+    }
+    assert!(parse("   ").unwrap_err().contains("empty"));
+}
+
+#[test]
+fn identity_covers_everything_the_plugin_sees_of_the_cluster() {
+    let p = provider(
+        PathBuf::from("/bin/true"),
+        EXEC_API_V1,
+        Duration::from_secs(1),
+    );
+    let base = p.identity(&req("a")).unwrap();
+    let variants: [fn(&mut ClusterInfo); 4] = [
+        |c| c.tls_server_name = "other.example".into(),
+        |c| c.certificate_authority_data = b"OTHER PEM".to_vec(),
+        |c| c.proxy_url = "http://proxy.example:3128".into(),
+        |c| c.insecure_skip_tls_verify = true,
+    ];
+    let mut seen = std::collections::HashSet::from([base]);
+    for change in variants {
+        let mut r = req("a");
+        change(r.cluster.as_mut().unwrap());
+        let id = p.identity(&r).unwrap();
+        assert!(
+            seen.insert(id.clone()),
+            "two clusters share the identity {id:?}"
+        );
+    }
+}
+
 #[test]
 fn identity_is_server_plus_config() {
     let p = provider(
