@@ -2,6 +2,7 @@
 //! cluster-inventory-api's plugins, on-prem tools), adding the cache and single-flight
 //! without changing the plugin. The plugin sees what client-go would have given it.
 
+use std::ffi::OsString;
 use std::process::Stdio;
 use std::time::SystemTime;
 
@@ -9,7 +10,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::process::{Child, Command};
 
-use crate::config::{EXEC_API_V1, EXEC_API_V1BETA1, ExecConfig, ProviderKind};
+use crate::config::{
+    DEFAULT_EXEC_PASS_ENV, EXEC_API_V1, EXEC_API_V1BETA1, ExecConfig, ProviderKind,
+};
 use crate::request::TokenRequest;
 
 use super::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Secret};
@@ -48,10 +51,31 @@ impl ExecProvider {
         .to_string()
     }
 
+    /// What the plugin gets of the broker's own environment: the default allowlist plus
+    /// `passEnv`, or everything with `inheritEnv: true` (`env` and `KUBERNETES_EXEC_INFO` are
+    /// set on top).
+    fn inherited_env(&self) -> impl Iterator<Item = (OsString, OsString)> + '_ {
+        std::env::vars_os().filter(|(name, _)| {
+            self.config.inherit_env
+                || name.to_str().is_some_and(|name| {
+                    DEFAULT_EXEC_PASS_ENV
+                        .iter()
+                        .copied()
+                        .chain(self.config.pass_env.iter().map(String::as_str))
+                        .any(|pattern| match pattern.strip_suffix('*') {
+                            Some(prefix) => name.starts_with(prefix),
+                            None => name == pattern,
+                        })
+                })
+        })
+    }
+
     async fn run(&self, req: &TokenRequest) -> Result<Credential, ProviderError> {
         let command = self.config.command.display().to_string();
         let child = Command::new(&self.config.command)
             .args(&self.config.args)
+            .env_clear()
+            .envs(self.inherited_env())
             .envs(&self.config.env)
             .env("KUBERNETES_EXEC_INFO", self.exec_info(req))
             .stdin(Stdio::null())

@@ -16,15 +16,21 @@ fn plugin(dir: &Path, body: &str) -> PathBuf {
     path
 }
 
-fn provider(command: PathBuf, api_version: &str, timeout: Duration) -> ExecProvider {
-    ExecProvider::new(ExecConfig {
+fn config(command: PathBuf, api_version: &str, timeout: Duration) -> ExecConfig {
+    ExecConfig {
         command,
         args: vec!["one".into(), "two words".into()],
         env: BTreeMap::from([("PLUGIN_MODE".into(), "test".into())]),
         timeout: ConfigDuration(timeout),
         api_version: api_version.into(),
         default_lifetime: ConfigDuration(Duration::from_secs(600)),
-    })
+        pass_env: Vec::new(),
+        inherit_env: false,
+    }
+}
+
+fn provider(command: PathBuf, api_version: &str, timeout: Duration) -> ExecProvider {
+    ExecProvider::new(config(command, api_version, timeout))
 }
 
 fn req(cluster: &str) -> TokenRequest {
@@ -374,6 +380,84 @@ fn identity_covers_everything_the_plugin_sees_of_the_cluster() {
             "two clusters share the identity {id:?}"
         );
     }
+}
+
+/// The environment a plugin started with, as the kernel recorded it at exec (a shell adds
+/// variables of its own to what `env` prints).
+async fn environment_seen_by(config: ExecConfig, dump: &Path) -> BTreeMap<String, String> {
+    ExecProvider::new(config).fetch(&req("a")).await.unwrap();
+    std::fs::read(dump)
+        .unwrap()
+        .split(|b| *b == 0)
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_plugin_sees_exactly_the_environment_the_rule_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("environ");
+    let command = plugin(
+        dir.path(),
+        &format!("cat /proc/$$/environ > {}\n{TOKEN_OUT}", dump.display()),
+    );
+    let parent: BTreeMap<String, String> = std::env::vars().collect();
+    // `cargo test` runs tests with CARGO_* set: none is on the default list.
+    assert!(parent.keys().any(|k| k.starts_with("CARGO_")), "{parent:?}");
+    let allowed = |name: &str, patterns: &[&str]| {
+        crate::config::DEFAULT_EXEC_PASS_ENV
+            .iter()
+            .chain(patterns)
+            .any(|p| match p.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => name == *p,
+            })
+    };
+    let expect = |patterns: &[&str], everything: bool| {
+        let mut want: BTreeMap<String, String> = parent
+            .iter()
+            .filter(|(k, _)| everything || allowed(k, patterns))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        want.insert("PLUGIN_MODE".into(), "test".into());
+        want.insert(
+            "KUBERNETES_EXEC_INFO".into(),
+            ExecProvider::new(config(
+                command.clone(),
+                EXEC_API_V1,
+                Duration::from_secs(10),
+            ))
+            .exec_info(&req("a")),
+        );
+        want
+    };
+
+    // By default: the short allowlist, then `env`, then KUBERNETES_EXEC_INFO.
+    let base = config(command.clone(), EXEC_API_V1, Duration::from_secs(10));
+    let seen = environment_seen_by(base.clone(), &dump).await;
+    assert_eq!(seen, expect(&[], false));
+    assert!(seen.contains_key("PATH"), "{seen:?}");
+    assert!(!seen.keys().any(|k| k.starts_with("CARGO_")), "{seen:?}");
+
+    // passEnv adds names and prefixes.
+    let mut with_pass = base.clone();
+    with_pass.pass_env = vec!["CARGO_PKG_*".into(), "CARGO_MANIFEST_DIR".into()];
+    let seen = environment_seen_by(with_pass, &dump).await;
+    assert_eq!(seen, expect(&["CARGO_PKG_*", "CARGO_MANIFEST_DIR"], false));
+    assert!(seen.contains_key("CARGO_MANIFEST_DIR"), "{seen:?}");
+
+    // inheritEnv: true passes everything, as before.
+    let mut everything = base;
+    everything.inherit_env = true;
+    assert_eq!(
+        environment_seen_by(everything, &dump).await,
+        expect(&[], true)
+    );
 }
 
 #[test]
