@@ -72,7 +72,7 @@ impl ExecProvider {
 
     async fn run(&self, req: &TokenRequest) -> Result<Credential, ProviderError> {
         let command = self.config.command.display().to_string();
-        let child = Command::new(&self.config.command)
+        let mut child = Command::new(&self.config.command)
             .args(&self.config.args)
             .env_clear()
             .envs(self.inherited_env())
@@ -88,17 +88,16 @@ impl ExecProvider {
             .map_err(|e| {
                 ProviderError::Unavailable(format!("cannot run exec plugin {command}: {e}"))
             })?;
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
         // From here on, however this future ends (answer, timeout, the cache giving up on it,
         // the runtime shutting down), dropping `group` kills and reaps what the plugin started.
         let mut group = ProcessGroup::new(child);
-        let child = group.child.as_mut().expect("set until drop");
-        let stdout = child.stdout.take();
-        let stderr = child.stderr.take();
         let work = async {
             tokio::join!(
                 drain(stdout, MAX_STDOUT),
                 drain(stderr, MAX_STDERR),
-                child.wait()
+                group.wait()
             )
         };
         let outcome = tokio::time::timeout(self.config.timeout.0, work).await;
@@ -228,13 +227,21 @@ impl ProcessGroup {
             pgid,
         }
     }
+
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match &mut self.child {
+            Some(child) => child.wait().await,
+            None => Err(std::io::Error::other("the plugin was already reaped")),
+        }
+    }
 }
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
         if let Some(pgid) = self.pgid {
-            // ESRCH (nothing left in the group) is the normal case. The group id stays
-            // reserved while any member lives, so this cannot reach an unrelated group.
+            // ESRCH (nothing left in the group) is the normal case. The id stays reserved
+            // while any member lives; once the group is empty it could only name another group
+            // after the kernel's pid counter wrapped around, not in the moment since the reap.
             let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
         }
         let Some(mut child) = self.child.take() else {
