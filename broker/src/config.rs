@@ -42,6 +42,31 @@ pub const DEFAULT_SECRET_KEY: &str = "token";
 pub const DEFAULT_SECRET_NAME_TEMPLATE: &str = "{clusterName}";
 /// The ExecCredential version most plugins speak; older ones speak only v1beta1.
 pub const DEFAULT_EXEC_API_VERSION: &str = EXEC_API_V1;
+/// What a wrapped plugin gets from the broker's environment unless `exec.passEnv` adds more
+/// (or `exec.inheritEnv: true` passes everything): enough to run helpers (PATH, HOME, locale,
+/// temp dir), to reach upstreams the way the broker does (proxies, extra CAs) and to find the
+/// API server it runs in (what in-cluster config reads). Cloud credentials (AWS_*, AZURE_*,
+/// GOOGLE_*) are not on it: a wrapped plugin is third-party code, and the broker's
+/// environment can hold the secrets of its other providers.
+pub const DEFAULT_EXEC_PASS_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "KUBERNETES_SERVICE_HOST",
+    "KUBERNETES_SERVICE_PORT",
+];
 pub const EXEC_API_V1: &str = "client.authentication.k8s.io/v1";
 pub const EXEC_API_V1BETA1: &str = "client.authentication.k8s.io/v1beta1";
 
@@ -883,6 +908,13 @@ pub struct ExecConfig {
     pub api_version: String,
     #[serde(default = "default_exec_lifetime")]
     pub default_lifetime: ConfigDuration,
+    /// Names (or `PREFIX*`) of the broker's environment variables passed to the plugin on top
+    /// of [`DEFAULT_EXEC_PASS_ENV`].
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    /// Pass the broker's whole environment (what credbroker did before `passEnv`).
+    #[serde(default)]
+    pub inherit_env: bool,
 }
 
 fn default_exec_timeout() -> ConfigDuration {
@@ -1233,6 +1265,21 @@ impl ExecConfig {
         if self.timeout.0.is_zero() {
             return Err(("timeout".into(), "must be longer than 0s".into()));
         }
+        // One rule instead of two timers racing: the cache stops waiting at its upstream
+        // timeout (and the plugin's process group is killed then), so a longer plugin timeout
+        // could never be reached.
+        let cap = crate::cache::UPSTREAM_TIMEOUT;
+        if self.timeout.0 > cap {
+            return Err((
+                "timeout".into(),
+                format!(
+                    "{} is longer than the cache waits for any upstream call ({}), which would stop the plugin first; use at most {}",
+                    humantime::format_duration(self.timeout.0),
+                    humantime::format_duration(cap),
+                    humantime::format_duration(cap),
+                ),
+            ));
+        }
         if self.default_lifetime.0 < Duration::from_secs(1) {
             return Err(("defaultLifetime".into(), "must be at least 1s".into()));
         }
@@ -1250,6 +1297,18 @@ impl ExecConfig {
                 return Err((
                     format!("env.{key}"),
                     "not a valid environment variable name".into(),
+                ));
+            }
+        }
+        for (i, name) in self.pass_env.iter().enumerate() {
+            let bare = name.strip_suffix('*').unwrap_or(name);
+            if bare.is_empty() || bare.contains(['=', '\0', '*']) {
+                return Err((
+                    format!("passEnv[{i}]"),
+                    format!(
+                        "\"{}\" is not a variable name or a NAME_PREFIX* pattern",
+                        crate::text::quote(name)
+                    ),
                 ));
             }
         }
@@ -1609,6 +1668,18 @@ providers:
             (
                 "providers:\n  - {name: a, type: exec, exec: {command: /p, timeout: 5 parsecs}}\n",
                 "providers[0].exec.timeout: invalid duration",
+            ),
+            (
+                "providers:\n  - {name: a, type: exec, exec: {command: /p, passEnv: [A, \"*\"]}}\n",
+                "providers[0].exec.passEnv[1]: \"*\" is not a variable name",
+            ),
+            (
+                "providers:\n  - {name: a, type: exec, exec: {command: /p, passEnv: [\"A*B\"]}}\n",
+                "providers[0].exec.passEnv[0]",
+            ),
+            (
+                "providers:\n  - {name: a, type: exec, exec: {command: /p, timeout: 90s}}\n",
+                "providers[0].exec.timeout: 1m 30s is longer than the cache waits for any upstream call (1m)",
             ),
             (
                 "providers:\n  - {name: a, type: exec, exec: {command: /p, apiVersion: v2}}\n",

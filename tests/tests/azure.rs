@@ -1076,3 +1076,17 @@ fn trace_logs_hold_no_secret() {
         );
     }
 }
+
+#[test]
+fn a_token_with_control_characters_from_entra_is_refused_like_any_provider_s() {
+    let file = TokenFile::new("federated");
+    let entra = FakeEntra::start(workload_expect(&file), 3600);
+    entra.fail_with(Some((
+        200,
+        r#"{"token_type":"Bearer","expires_in":3600,"ext_expires_in":3600,"access_token":"entra-sekrit\r\nX-Injected: 1"}"#,
+    )));
+    let broker = AzureBroker::start("{}", &workload_env(&entra, &file));
+    let line = broker.shim_error(json!({"clusterName": "a"}), &["control character"]);
+    assert!(!line.contains("sekrit"), "{line}");
+    assert!(!broker.logs().contains("sekrit"), "{}", broker.logs());
+}

@@ -1181,3 +1181,23 @@ fn trace_logs_hold_no_secret() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_with_control_characters_from_google_is_refused_like_any_provider_s() {
+    let mds = metadata_server(
+        "https://www.googleapis.com/auth/cloud-platform,https://www.googleapis.com/auth/userinfo.email",
+        "ya29.sekrit\r\nX-Injected: 1",
+        1800,
+    );
+    let broker = GcpBroker::start("{}", &[("GCE_METADATA_HOST", mds.host())]);
+    let status = get_token(&broker.socket, "east")
+        .await
+        .expect_err("a token with CR/LF must not be served");
+    assert!(
+        status.message().contains("control character"),
+        "{status:?}; log:\n{}",
+        broker.logs()
+    );
+    assert!(!status.message().contains("sekrit"), "{status:?}");
+    assert!(!broker.logs().contains("sekrit"), "{}", broker.logs());
+}

@@ -575,7 +575,12 @@ impl AzureProvider {
             classify(&e, answer, &label, &target.scope)
         })?;
         let expires_at = SystemTime::from(token.expires_on);
-        Ok(Credential::token(token.token.secret(), expires_at))
+        let token = super::bearer_token(token.token.secret()).map_err(|e| {
+            ProviderError::Unavailable(format!(
+                "{label}: Entra ID returned an access token that {e}"
+            ))
+        })?;
+        Ok(Credential::token(token, expires_at))
     }
 }
 

@@ -2,22 +2,27 @@
 //! cluster-inventory-api's plugins, on-prem tools), adding the cache and single-flight
 //! without changing the plugin. The plugin sees what client-go would have given it.
 
+use std::ffi::OsString;
 use std::process::Stdio;
 use std::time::SystemTime;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 
-use crate::config::{EXEC_API_V1, EXEC_API_V1BETA1, ExecConfig, ProviderKind};
+use crate::config::{
+    DEFAULT_EXEC_PASS_ENV, EXEC_API_V1, EXEC_API_V1BETA1, ExecConfig, ProviderKind,
+};
 use crate::request::TokenRequest;
 
 use super::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Secret};
 
 /// An ExecCredential is a few KiB at most; anything past this is not one.
-const MAX_STDOUT: u64 = 1024 * 1024;
+const MAX_STDOUT: usize = 1024 * 1024;
 /// Enough of the plugin's stderr to say why it failed.
-const MAX_STDERR: u64 = 64 * 1024;
+const MAX_STDERR: usize = 64 * 1024;
+/// Bytes per read while draining a pipe: Linux's default pipe capacity.
+const READ_CHUNK: usize = 64 * 1024;
 /// Lines of stderr quoted in an error, and the length each is cut to.
 const STDERR_LINES: usize = 5;
 const STDERR_LINE_CHARS: usize = 300;
@@ -46,36 +51,57 @@ impl ExecProvider {
         .to_string()
     }
 
+    /// What the plugin gets of the broker's own environment: the default allowlist plus
+    /// `passEnv`, or everything with `inheritEnv: true` (`env` and `KUBERNETES_EXEC_INFO` are
+    /// set on top).
+    fn inherited_env(&self) -> impl Iterator<Item = (OsString, OsString)> + '_ {
+        std::env::vars_os().filter(|(name, _)| {
+            self.config.inherit_env
+                || name.to_str().is_some_and(|name| {
+                    DEFAULT_EXEC_PASS_ENV
+                        .iter()
+                        .copied()
+                        .chain(self.config.pass_env.iter().map(String::as_str))
+                        .any(|pattern| match pattern.strip_suffix('*') {
+                            Some(prefix) => name.starts_with(prefix),
+                            None => name == pattern,
+                        })
+                })
+        })
+    }
+
     async fn run(&self, req: &TokenRequest) -> Result<Credential, ProviderError> {
         let command = self.config.command.display().to_string();
         let mut child = Command::new(&self.config.command)
             .args(&self.config.args)
+            .env_clear()
+            .envs(self.inherited_env())
             .envs(&self.config.env)
             .env("KUBERNETES_EXEC_INFO", self.exec_info(req))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            // Its own process group, so a timeout kills everything it started.
+            // Its own process group, so that everything it started can be killed at once.
             .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| {
                 ProviderError::Unavailable(format!("cannot run exec plugin {command}: {e}"))
             })?;
-        let pid = child.id();
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
+        // From here on, however this future ends (answer, timeout, the cache giving up on it,
+        // the runtime shutting down), dropping `group` kills and reaps what the plugin started.
+        let mut group = ProcessGroup::new(child);
         let work = async {
-            let (out, err, status) = tokio::join!(
-                read_limited(stdout, MAX_STDOUT),
-                read_limited(stderr, MAX_STDERR),
-                child.wait()
-            );
-            (out, err, status)
+            tokio::join!(
+                drain(stdout, MAX_STDOUT),
+                drain(stderr, MAX_STDERR),
+                group.wait()
+            )
         };
         let outcome = tokio::time::timeout(self.config.timeout.0, work).await;
-        // Whatever happened, nothing the plugin started outlives this call.
-        kill_group(pid);
+        drop(group);
         let (stdout, stderr, status) = outcome.map_err(|_| {
             ProviderError::Timeout(format!(
                 "exec plugin {command} did not finish within {}; killed its process group",
@@ -92,15 +118,15 @@ impl ExecProvider {
             );
             return Err(ProviderError::Unavailable(format!(
                 "exec plugin {command} {code}: {}",
-                first_lines(&stderr)
+                first_lines(&stderr.kept)
             )));
         }
-        if stdout.len() as u64 > MAX_STDOUT {
+        if stdout.overflowed {
             return Err(ProviderError::Unavailable(format!(
-                "exec plugin {command} printed more than {MAX_STDOUT} bytes; that is not an ExecCredential"
+                "exec plugin {command} printed more than {MAX_STDOUT} bytes on stdout; that is not an ExecCredential"
             )));
         }
-        parse_exec_credential(&stdout, self.config.default_lifetime.0).map_err(|why| {
+        parse_exec_credential(&stdout.kept, self.config.default_lifetime.0).map_err(|why| {
             ProviderError::Unavailable(format!(
                 "exec plugin {command} printed no usable ExecCredential: {why}"
             ))
@@ -113,17 +139,35 @@ impl Provider for ExecProvider {
         ProviderKind::Exec
     }
 
-    /// Server and cluster config: what distinguishes one cluster's plugin run from another's.
+    /// Everything of the cluster the plugin is shown (`spec.cluster`): server and config, then
+    /// TLS server name, CA data, proxy URL and the other connection settings when set. A
+    /// plugin may answer differently for any of them, so two clusters that differ only there
+    /// must not share a token.
     fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
-        Ok(match &req.cluster {
+        let Some(c) = &req.cluster else {
+            return Ok(String::new());
+        };
+        let render = |value: &Value| {
             // serde_json maps are sorted, so equal configs render equally.
-            Some(c) => {
-                let config = serde_json::to_string(&c.config).map_err(|e| {
-                    ProviderError::InvalidRequest(format!("cluster config cannot be rendered: {e}"))
-                })?;
-                format!("{} {config}", c.server)
-            }
-            None => String::new(),
+            serde_json::to_string(value).map_err(|e| {
+                ProviderError::InvalidRequest(format!("cluster config cannot be rendered: {e}"))
+            })
+        };
+        let mut connection = match c.to_exec_json() {
+            Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        };
+        connection.remove("server");
+        connection.remove("config");
+        let config = render(&Value::Object(c.config.clone()))?;
+        Ok(if connection.is_empty() {
+            format!("{} {config}", c.server)
+        } else {
+            format!(
+                "{} {config} {}",
+                c.server,
+                render(&Value::Object(connection))?
+            )
         })
     }
 
@@ -135,23 +179,85 @@ impl Provider for ExecProvider {
     }
 }
 
-/// Reads at most `limit + 1` bytes, so an oversized output is detected without buffering it.
-async fn read_limited(pipe: Option<impl AsyncRead + Unpin>, limit: u64) -> Vec<u8> {
-    let mut buf = Vec::new();
-    if let Some(pipe) = pipe {
-        // A read error leaves what was read; the exit status tells what went wrong.
-        let _ = pipe.take(limit + 1).read_to_end(&mut buf).await;
-    }
-    buf
+/// What a plugin wrote on one pipe: the first bytes, and whether it wrote more than that.
+struct Captured {
+    kept: Vec<u8>,
+    overflowed: bool,
 }
 
-fn kill_group(pid: Option<u32>) {
-    if let Some(pgid) = pid.and_then(|p| i32::try_from(p).ok()) {
-        // ESRCH (nothing left in the group) is the normal case.
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pgid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+/// Reads a pipe to its end, keeping the first `limit` bytes. Closing the pipe early instead
+/// would kill a chatty plugin with SIGPIPE (client-go reads everything, so such plugins work
+/// there); a plugin that never stops writing is stopped by the timeout like a hanging one.
+async fn drain(pipe: Option<impl AsyncRead + Unpin>, limit: usize) -> Captured {
+    let mut captured = Captured {
+        kept: Vec::new(),
+        overflowed: false,
+    };
+    let Some(mut pipe) = pipe else {
+        return captured;
+    };
+    let mut chunk = vec![0; READ_CHUNK];
+    // A read error ends the capture with what was read; the exit status tells what went wrong.
+    while let Ok(n @ 1..) = pipe.read(&mut chunk).await {
+        let room = limit - captured.kept.len();
+        captured.kept.extend_from_slice(&chunk[..n.min(room)]);
+        captured.overflowed |= n > room;
+    }
+    captured
+}
+
+/// A running plugin's process group (the plugin leads it). Dropping it SIGKILLs the whole
+/// group and reaps the plugin: the one place that ends a plugin, so that no path (an answer,
+/// the plugin's timeout, the cache dropping the fetch at its upstream timeout, the runtime
+/// dropping every task at shutdown) leaves a process tree behind. Grandchildren are reparented
+/// to init (or the pod's subreaper), which reaps them once killed.
+struct ProcessGroup {
+    child: Option<Child>,
+    pgid: Option<nix::unistd::Pid>,
+}
+
+impl ProcessGroup {
+    fn new(child: Child) -> Self {
+        let pgid = child
+            .id()
+            .and_then(|pid| i32::try_from(pid).ok())
+            .map(nix::unistd::Pid::from_raw);
+        Self {
+            child: Some(child),
+            pgid,
+        }
+    }
+
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match &mut self.child {
+            Some(child) => child.wait().await,
+            None => Err(std::io::Error::other("the plugin was already reaped")),
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.pgid {
+            // ESRCH (nothing left in the group) is the normal case. The id stays reserved
+            // while any member lives; once the group is empty it could only name another group
+            // after the kernel's pid counter wrapped around, not in the moment since the reap.
+            let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+        }
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        // Killed, not yet reaped: wait for it on the runtime. Without a runtime (or when the
+        // runtime is shutting down and drops the task), `kill_on_drop` hands it to tokio's
+        // orphan reaping, and the process exits right after anyway.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = child.wait().await;
+            });
+        }
     }
 }
 
@@ -163,7 +269,8 @@ fn first_lines(stderr: &[u8]) -> String {
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .take(STDERR_LINES)
-        .map(|l| l.chars().take(STDERR_LINE_CHARS).collect())
+        // Plugin text: no ESC, CR or other control character reaches a log or the shim.
+        .map(|l| crate::text::one_line(l, STDERR_LINE_CHARS))
         .collect();
     if lines.is_empty() {
         "(no output on stderr)".to_owned()
@@ -210,7 +317,9 @@ pub fn parse_exec_credential(
         field("clientCertificateData")?,
         field("clientKeyData")?,
     ) {
-        (Some(token), _, _) => CredentialSecret::Token(Secret::new(token)),
+        (Some(token), _, _) => CredentialSecret::Token(Secret::new(
+            super::bearer_token(&token).map_err(|e| format!("status.token {e}"))?,
+        )),
         (None, Some(certificate_pem), Some(key)) => CredentialSecret::ClientCertificate {
             certificate_pem,
             key_pem: Secret::new(key),

@@ -51,12 +51,8 @@ impl FileProvider {
         let text = String::from_utf8(bytes).map_err(|_| {
             ProviderError::Unavailable(format!("token file {shown} is not UTF-8 text"))
         })?;
-        let token = text.trim();
-        if token.is_empty() {
-            return Err(ProviderError::Unavailable(format!(
-                "token file {shown} is empty"
-            )));
-        }
+        let token = super::bearer_token(&text)
+            .map_err(|e| ProviderError::Unavailable(format!("token file {shown} {e}")))?;
         let expires_at = jwt::bearer_expiry(token, self.config.lifetime.0, &shown.to_string())?;
         let mut credential = Credential::token(token, expires_at);
         credential.source_version = Some(version(&meta));

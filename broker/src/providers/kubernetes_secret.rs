@@ -645,14 +645,15 @@ fn token_from_text(
     lifetime: Duration,
     what: &str,
 ) -> Result<Credential, ProviderError> {
-    if token.is_empty() {
-        return Err(ProviderError::InvalidRequest(format!("{what} is empty")));
-    }
-    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(ProviderError::InvalidRequest(format!(
-            "{what} holds more than one token (whitespace inside); is it a kubeconfig? then set format: kubeconfig"
-        )));
-    }
+    let token = super::bearer_token(token).map_err(|e| {
+        let hint = match e {
+            super::TokenError::Whitespace { .. } => {
+                "; is it a kubeconfig? then set format: kubeconfig"
+            }
+            _ => "",
+        };
+        ProviderError::InvalidRequest(format!("{what} {e}{hint}"))
+    })?;
     let expires_at = super::jwt::bearer_expiry(token, lifetime, what)?;
     Ok(Credential::token(token, expires_at))
 }

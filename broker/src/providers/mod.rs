@@ -117,6 +117,44 @@ impl ProviderError {
     }
 }
 
+/// Why a token a source handed over was refused. Describes the token's shape only, never
+/// its text: the messages end up in logs and in the caller's error.
+#[derive(Debug, Clone, Copy, thiserror::Error, PartialEq, Eq)]
+pub enum TokenError {
+    #[error("is empty")]
+    Empty,
+    #[error(
+        "contains a control character (U+{code:04X}) at byte {at}: a bearer token is one line of printable text"
+    )]
+    ControlCharacter { code: u32, at: usize },
+    #[error("has whitespace inside (at byte {at}): a bearer token is a single word")]
+    Whitespace { at: usize },
+}
+
+/// The one rule every provider applies to a bearer token before it is cached or served:
+/// surrounding ASCII whitespace (a file's trailing newline, a plugin's `"token": "x\n"`) is
+/// trimmed; what remains must be non-empty and hold no control character and no whitespace.
+/// A CR/LF inside a token would split the `Authorization` header client-go builds from it, an
+/// ESC would reach terminals through `kubectl`, and a space means two tokens or a kubeconfig,
+/// so none of them is ever passed on.
+pub fn bearer_token(raw: &str) -> Result<&str, TokenError> {
+    let token = raw.trim_ascii();
+    if token.is_empty() {
+        return Err(TokenError::Empty);
+    }
+    match token
+        .char_indices()
+        .find(|(_, c)| c.is_control() || c.is_whitespace())
+    {
+        None => Ok(token),
+        Some((at, c)) if c.is_control() => Err(TokenError::ControlCharacter {
+            code: u32::from(c),
+            at,
+        }),
+        Some((at, _)) => Err(TokenError::Whitespace { at }),
+    }
+}
+
 /// One configured provider.
 pub trait Provider: Send + Sync + fmt::Debug {
     fn kind(&self) -> ProviderKind;
@@ -194,5 +232,66 @@ mod tests {
         assert!(!printed.contains("MATERIAL"), "{printed}");
         assert!(!printed.contains("s3"), "{printed}");
         assert!(printed.contains("[redacted]"));
+    }
+
+    #[test]
+    fn one_rule_for_every_token() {
+        assert_eq!(bearer_token(" \t tok.en-_~+/=\r\n"), Ok("tok.en-_~+/="));
+        assert_eq!(bearer_token(" \n\t"), Err(TokenError::Empty));
+        assert_eq!(
+            bearer_token("ab\r\ncd"),
+            Err(TokenError::ControlCharacter { code: 0x0d, at: 2 })
+        );
+        assert_eq!(
+            bearer_token("a\u{1b}[2J"),
+            Err(TokenError::ControlCharacter { code: 0x1b, at: 1 })
+        );
+        assert_eq!(
+            bearer_token("a\u{0}"),
+            Err(TokenError::ControlCharacter { code: 0, at: 1 })
+        );
+        assert_eq!(bearer_token("ab cd"), Err(TokenError::Whitespace { at: 2 }));
+        assert_eq!(
+            bearer_token("ab\u{a0}cd"),
+            Err(TokenError::Whitespace { at: 2 })
+        );
+        let shown = TokenError::ControlCharacter { code: 0x0a, at: 6 }.to_string();
+        assert!(shown.contains("U+000A"), "{shown}");
+    }
+
+    /// The exec and file providers hold tokens to the same rule (the exec side is tested with
+    /// the ExecCredential parser in `exec::tests`).
+    #[tokio::test]
+    async fn the_file_provider_trims_and_refuses_like_every_provider() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        let yaml = format!(
+            "providers:\n  - {{name: f, type: file, file: {{path: {:?}}}}}\n",
+            path.display().to_string()
+        );
+        let config = crate::config::Config::parse(&yaml, "t").unwrap();
+        let provider = build(&config.providers[0]);
+        let req = TokenRequest {
+            provider: "f".into(),
+            cluster: None,
+            interactive: false,
+        };
+        std::fs::write(&path, "  sekrit-token \r\n").unwrap();
+        let cred = provider.fetch(&req).await.unwrap();
+        assert_eq!(
+            cred.secret,
+            CredentialSecret::Token(Secret::new("sekrit-token"))
+        );
+        for bad in [
+            "sekrit\r\nInjected: x",
+            "sekrit\u{1b}[2J",
+            "sekrit\u{0}x",
+            "sekrit token",
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            let e = provider.fetch(&req).await.unwrap_err().to_string();
+            assert!(e.contains(&path.display().to_string()), "{bad:?}: {e}");
+            assert!(!e.contains("sekrit"), "{bad:?} quoted: {e}");
+        }
     }
 }

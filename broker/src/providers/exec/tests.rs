@@ -16,15 +16,21 @@ fn plugin(dir: &Path, body: &str) -> PathBuf {
     path
 }
 
-fn provider(command: PathBuf, api_version: &str, timeout: Duration) -> ExecProvider {
-    ExecProvider::new(ExecConfig {
+fn config(command: PathBuf, api_version: &str, timeout: Duration) -> ExecConfig {
+    ExecConfig {
         command,
         args: vec!["one".into(), "two words".into()],
         env: BTreeMap::from([("PLUGIN_MODE".into(), "test".into())]),
         timeout: ConfigDuration(timeout),
         api_version: api_version.into(),
         default_lifetime: ConfigDuration(Duration::from_secs(600)),
-    })
+        pass_env: Vec::new(),
+        inherit_env: false,
+    }
+}
+
+fn provider(command: PathBuf, api_version: &str, timeout: Duration) -> ExecProvider {
+    ExecProvider::new(config(command, api_version, timeout))
 }
 
 fn req(cluster: &str) -> TokenRequest {
@@ -211,6 +217,247 @@ async fn timeout_kills_the_whole_process_group() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(gone, "grandchild {child} survived the timeout");
+}
+
+/// Whether `pid` has exited (gone, or a zombie whose parent has not reaped it yet: `kill(pid,
+/// 0)` still succeeds on those, but they run nothing).
+fn exited(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.is_empty()
+        || stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            == Some("Z")
+}
+
+/// Polls (bounded: 5 s) until `cond` holds.
+async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..250 {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn giving_up_on_the_plugin_kills_and_reaps_its_process_group() {
+    // The cache's upstream timeout (or a shutdown) drops the fetch before the plugin's own
+    // timeout: nothing the plugin started may outlive that.
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    let body = format!(
+        "sleep 60 &\necho $$ $! > {tmp}\nmv {tmp} {pids}\nsleep 60",
+        tmp = dir.path().join("pids.tmp").display(),
+        pids = pids.display()
+    );
+    let p = provider(
+        plugin(dir.path(), &body),
+        EXEC_API_V1,
+        Duration::from_secs(30),
+    );
+    let request = req("a");
+    let mut fetch = p.fetch(&request);
+    let started = tokio::select! {
+        _ = &mut fetch => panic!("the plugin cannot have answered"),
+        started = eventually(|| pids.exists()) => started,
+    };
+    assert!(started, "the plugin never wrote its pids");
+    drop(fetch);
+    let text = std::fs::read_to_string(&pids).unwrap();
+    let (plugin_pid, child_pid) = text.trim().split_once(' ').unwrap();
+    let (plugin_pid, child_pid): (i32, i32) =
+        (plugin_pid.parse().unwrap(), child_pid.parse().unwrap());
+    assert!(
+        eventually(|| exited(child_pid)).await,
+        "the plugin's background child {child_pid} survived"
+    );
+    // The plugin itself is the broker's child: killed and reaped, not left a zombie.
+    assert!(
+        eventually(|| !Path::new(&format!("/proc/{plugin_pid}")).exists()).await,
+        "the plugin {plugin_pid} was not killed and reaped"
+    );
+}
+
+#[tokio::test]
+async fn a_plugin_that_writes_a_lot_to_stderr_still_gets_its_credential_served() {
+    // client-go drains both pipes; closing one early kills the plugin with SIGPIPE.
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "noise=$(head -c 131072 /dev/zero | tr '\\0' x)\nprintf '%s\\n' \"$noise\" >&2\n{TOKEN_OUT}"
+    );
+    let p = provider(
+        plugin(dir.path(), &body),
+        EXEC_API_V1,
+        Duration::from_secs(10),
+    );
+    let cred = p.fetch(&req("a")).await.unwrap();
+    assert_eq!(
+        cred.secret,
+        CredentialSecret::Token(Secret::new("sekrit-token"))
+    );
+}
+
+#[tokio::test]
+async fn an_over_long_stdout_is_reported_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    // 100 MB, then exit with head's status: 141 (SIGPIPE) if the broker stops reading.
+    let p = provider(
+        plugin(dir.path(), "head -c 104857600 /dev/zero"),
+        EXEC_API_V1,
+        Duration::from_secs(20),
+    );
+    let msg = p.fetch(&req("a")).await.unwrap_err().to_string();
+    assert!(
+        msg.contains(&format!("printed more than {MAX_STDOUT} bytes")),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn plugin_stderr_cannot_inject_control_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = "printf 'bad \\033[31mred\\r\\033]0;title\\007\\n2026-01-01T00:00:00Z INFO forged\\n' >&2\nexit 2";
+    let p = provider(
+        plugin(dir.path(), body),
+        EXEC_API_V1,
+        Duration::from_secs(10),
+    );
+    let msg = p.fetch(&req("a")).await.unwrap_err().to_string();
+    assert!(!msg.chars().any(char::is_control), "{msg:?}");
+    assert!(msg.contains("bad \\u{1b}[31mred"), "{msg}");
+    assert!(msg.contains("forged"), "{msg}");
+}
+
+#[test]
+fn tokens_follow_the_one_rule_for_every_provider() {
+    let out = |token: &str| {
+        json!({"apiVersion": EXEC_API_V1, "kind": "ExecCredential", "status": {"token": token}})
+            .to_string()
+    };
+    let parse = |token: &str| parse_exec_credential(out(token).as_bytes(), Duration::from_secs(60));
+    // Surrounding ASCII whitespace is trimmed, as the file and Secret providers always did.
+    assert_eq!(
+        parse(" \tsekrit-token\r\n").unwrap().secret,
+        CredentialSecret::Token(Secret::new("sekrit-token"))
+    );
+    for bad in [
+        "sekrit\r\nInjected: header",
+        "sekrit\u{1b}[2J",
+        "sekrit\u{0}tail",
+        "sekrit token",
+        "sekrit\u{7f}",
+    ] {
+        let e = parse(bad).unwrap_err();
+        assert!(e.contains("status.token"), "{bad:?}: {e}");
+        assert!(!e.contains("sekrit"), "{bad:?} quoted: {e}");
+    }
+    assert!(parse("   ").unwrap_err().contains("empty"));
+}
+
+#[test]
+fn identity_covers_everything_the_plugin_sees_of_the_cluster() {
+    let p = provider(
+        PathBuf::from("/bin/true"),
+        EXEC_API_V1,
+        Duration::from_secs(1),
+    );
+    let base = p.identity(&req("a")).unwrap();
+    let variants: [fn(&mut ClusterInfo); 4] = [
+        |c| c.tls_server_name = "other.example".into(),
+        |c| c.certificate_authority_data = b"OTHER PEM".to_vec(),
+        |c| c.proxy_url = "http://proxy.example:3128".into(),
+        |c| c.insecure_skip_tls_verify = true,
+    ];
+    let mut seen = std::collections::HashSet::from([base]);
+    for change in variants {
+        let mut r = req("a");
+        change(r.cluster.as_mut().unwrap());
+        let id = p.identity(&r).unwrap();
+        assert!(
+            seen.insert(id.clone()),
+            "two clusters share the identity {id:?}"
+        );
+    }
+}
+
+/// The environment a plugin started with, as the kernel recorded it at exec (a shell adds
+/// variables of its own to what `env` prints).
+async fn environment_seen_by(config: ExecConfig, dump: &Path) -> BTreeMap<String, String> {
+    ExecProvider::new(config).fetch(&req("a")).await.unwrap();
+    std::fs::read(dump)
+        .unwrap()
+        .split(|b| *b == 0)
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_plugin_sees_exactly_the_environment_the_rule_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("environ");
+    let command = plugin(
+        dir.path(),
+        &format!("cat /proc/$$/environ > {}\n{TOKEN_OUT}", dump.display()),
+    );
+    let parent: BTreeMap<String, String> = std::env::vars().collect();
+    // `cargo test` runs tests with CARGO_* set: none is on the default list.
+    assert!(parent.keys().any(|k| k.starts_with("CARGO_")), "{parent:?}");
+    let allowed = |name: &str, patterns: &[&str]| {
+        crate::config::DEFAULT_EXEC_PASS_ENV
+            .iter()
+            .chain(patterns)
+            .any(|p| match p.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => name == *p,
+            })
+    };
+    let expect = |patterns: &[&str], everything: bool| {
+        let mut want: BTreeMap<String, String> = parent
+            .iter()
+            .filter(|(k, _)| everything || allowed(k, patterns))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        want.insert("PLUGIN_MODE".into(), "test".into());
+        want.insert(
+            "KUBERNETES_EXEC_INFO".into(),
+            ExecProvider::new(config(
+                command.clone(),
+                EXEC_API_V1,
+                Duration::from_secs(10),
+            ))
+            .exec_info(&req("a")),
+        );
+        want
+    };
+
+    // By default: the short allowlist, then `env`, then KUBERNETES_EXEC_INFO.
+    let base = config(command.clone(), EXEC_API_V1, Duration::from_secs(10));
+    let seen = environment_seen_by(base.clone(), &dump).await;
+    assert_eq!(seen, expect(&[], false));
+    assert!(seen.contains_key("PATH"), "{seen:?}");
+    assert!(!seen.keys().any(|k| k.starts_with("CARGO_")), "{seen:?}");
+
+    // passEnv adds names and prefixes.
+    let mut with_pass = base.clone();
+    with_pass.pass_env = vec!["CARGO_PKG_*".into(), "CARGO_MANIFEST_DIR".into()];
+    let seen = environment_seen_by(with_pass, &dump).await;
+    assert_eq!(seen, expect(&["CARGO_PKG_*", "CARGO_MANIFEST_DIR"], false));
+    assert!(seen.contains_key("CARGO_MANIFEST_DIR"), "{seen:?}");
+
+    // inheritEnv: true passes everything, as before.
+    let mut everything = base;
+    everything.inherit_env = true;
+    assert_eq!(
+        environment_seen_by(everything, &dump).await,
+        expect(&[], true)
+    );
 }
 
 #[test]

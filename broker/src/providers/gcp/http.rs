@@ -231,7 +231,14 @@ pub async fn oauth_token(
         });
     }
     Ok(Token {
-        secret: Secret::new(parsed.access_token),
+        secret: Secret::new(
+            crate::providers::bearer_token(&parsed.access_token).map_err(|e| {
+                CallError::BadResponse {
+                    url: url.to_owned(),
+                    why: format!("access_token {e}"),
+                }
+            })?,
+        ),
         expires_at: started + Duration::from_secs_f64(expires_in),
     })
 }
@@ -330,7 +337,14 @@ pub async fn generate_access_token(
         });
     }
     Ok(Token {
-        secret: Secret::new(parsed.access_token),
+        secret: Secret::new(
+            crate::providers::bearer_token(&parsed.access_token).map_err(|e| {
+                CallError::BadResponse {
+                    url: url.clone(),
+                    why: format!("accessToken {e}"),
+                }
+            })?,
+        ),
         expires_at,
     })
 }

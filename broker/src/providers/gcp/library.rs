@@ -184,7 +184,11 @@ pub async fn fetch(
         )));
     }
     Ok(Token {
-        secret: Secret::new(token.token),
+        secret: Secret::new(crate::providers::bearer_token(&token.token).map_err(|e| {
+            ProviderError::Unavailable(format!(
+                "{what}: the token endpoint returned a token that {e}"
+            ))
+        })?),
         expires_at: started + lifetime,
     })
 }
