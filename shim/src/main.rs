@@ -836,7 +836,7 @@ mod tests {
         assert_eq!(
             f.line(),
             "credbroker-shim: the broker could not serve GetToken for provider \"eks\": NOT_FOUND: \
-             unknown provider \"eks\" (configured: eks, gke) (check --provider against \
+             unknown provider \"eks\"\\n(configured: eks, gke) (check --provider against \
              providers[].name in the broker config)"
         );
     }
