@@ -66,6 +66,23 @@ enum Selection {
     One(CacheKey),
 }
 
+/// For log lines: the caller's text quoted (cut short, control characters escaped).
+impl std::fmt::Display for Selection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::text::quote;
+        match self {
+            Self::All => f.write_str("all"),
+            Self::Provider(p) => write!(f, "provider \"{}\"", quote(p)),
+            Self::One(k) => write!(
+                f,
+                "provider \"{}\", identity \"{}\"",
+                quote(&k.provider),
+                quote(&k.identity)
+            ),
+        }
+    }
+}
+
 impl Selection {
     fn parse(provider: String, identity: String, all: bool) -> Result<Self, BrokerError> {
         match (all, provider.is_empty(), identity.is_empty()) {
@@ -161,7 +178,7 @@ impl AdminService for AdminApi {
         let r = request.into_inner();
         let selection = Selection::parse(r.provider, r.identity, r.all)?;
         let invalidated = self.broker.cache().invalidate(|k| selection.matches(k));
-        tracing::info!(?selection, invalidated, "AdminService: entries invalidated");
+        tracing::info!(%selection, invalidated, "AdminService: entries invalidated");
         Ok(Response::new(InvalidateResponse {
             invalidated: u32::try_from(invalidated).unwrap_or(u32::MAX),
         }))
@@ -198,7 +215,7 @@ impl AdminService for AdminApi {
         let failed = u32::try_from(errors.len()).unwrap_or(u32::MAX);
         let refreshed = u32::try_from(keys.len()).unwrap_or(u32::MAX) - failed;
         tracing::info!(
-            ?selection,
+            %selection,
             refreshed,
             failed,
             "AdminService: entries refreshed"

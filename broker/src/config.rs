@@ -104,6 +104,8 @@ pub struct Config {
     #[serde(default)]
     pub rate_limit: RateLimitConfig,
     #[serde(default)]
+    pub limits: LimitsConfig,
+    #[serde(default)]
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -169,6 +171,101 @@ fn default_rate_per_second() -> u32 {
 }
 fn default_rate_burst() -> u32 {
     DEFAULT_RATE_LIMIT_BURST
+}
+
+/// A whole GetToken request on the wire. What client-go sends is a few hundred bytes plus the
+/// cluster's CA bundle (below); 64 KiB leaves room for both, where tonic's own default (4 MiB)
+/// let a caller park megabytes per call in the cache.
+pub const DEFAULT_MAX_REQUEST_BYTES: u32 = 64 * 1024;
+/// A provider name: configured names are short identifiers; 253 is the longest Kubernetes
+/// object name, far more than any sensible name.
+pub const DEFAULT_MAX_PROVIDER_NAME_BYTES: u32 = 253;
+/// The cluster's exec extension (`spec.cluster.config`) as JSON text: the keys the providers
+/// read (`clusterName`, `region`, `roleArn` …) take a few hundred bytes.
+pub const DEFAULT_MAX_CLUSTER_CONFIG_BYTES: u32 = 16 * 1024;
+/// Nesting of the exec extension: the providers read flat keys; a few levels for plugins that
+/// take structured input. prost's decoder stops at 100 nested messages, about
+/// [`MAX_CLUSTER_CONFIG_DEPTH_CEILING`] levels of the extension, whatever this says.
+pub const DEFAULT_MAX_CLUSTER_CONFIG_DEPTH: u32 = 8;
+/// Keys (and list items) in the whole exec extension, all levels together.
+pub const DEFAULT_MAX_CLUSTER_CONFIG_KEYS: u32 = 256;
+/// `server`, `tlsServerName`, `proxyUrl`, and each key and string value of the exec
+/// extension: URLs past 2 KiB are refused by many proxies; twice that is generous.
+pub const DEFAULT_MAX_FIELD_BYTES: u32 = 4 * 1024;
+/// `certificate-authority-data`: a PEM certificate is 1–2 KiB; 48 KiB holds a bundle of about
+/// 30 and still fits in [`DEFAULT_MAX_REQUEST_BYTES`] with the rest of the request.
+pub const DEFAULT_MAX_CERTIFICATE_AUTHORITY_BYTES: u32 = 48 * 1024;
+/// The deepest exec extension prost can decode (its recursion limit of 100 nested messages,
+/// three per level of a `google.protobuf.Struct`, less the request's own two levels).
+pub const MAX_CLUSTER_CONFIG_DEPTH_CEILING: u32 = 30;
+
+/// Bounds on what a caller sends, checked when a request is parsed, before anything is
+/// stored, logged or counted (`limits:`; all sizes in bytes). Bound at start-up.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct LimitsConfig {
+    pub max_request_bytes: u32,
+    pub max_provider_name_bytes: u32,
+    pub max_cluster_config_bytes: u32,
+    pub max_cluster_config_depth: u32,
+    pub max_cluster_config_keys: u32,
+    pub max_field_bytes: u32,
+    pub max_certificate_authority_bytes: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_provider_name_bytes: DEFAULT_MAX_PROVIDER_NAME_BYTES,
+            max_cluster_config_bytes: DEFAULT_MAX_CLUSTER_CONFIG_BYTES,
+            max_cluster_config_depth: DEFAULT_MAX_CLUSTER_CONFIG_DEPTH,
+            max_cluster_config_keys: DEFAULT_MAX_CLUSTER_CONFIG_KEYS,
+            max_field_bytes: DEFAULT_MAX_FIELD_BYTES,
+            max_certificate_authority_bytes: DEFAULT_MAX_CERTIFICATE_AUTHORITY_BYTES,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// Each limit's config key and value, for validation and for messages.
+    pub fn entries(&self) -> [(&'static str, u32); 7] {
+        [
+            ("limits.maxRequestBytes", self.max_request_bytes),
+            ("limits.maxProviderNameBytes", self.max_provider_name_bytes),
+            (
+                "limits.maxClusterConfigBytes",
+                self.max_cluster_config_bytes,
+            ),
+            (
+                "limits.maxClusterConfigDepth",
+                self.max_cluster_config_depth,
+            ),
+            ("limits.maxClusterConfigKeys", self.max_cluster_config_keys),
+            ("limits.maxFieldBytes", self.max_field_bytes),
+            (
+                "limits.maxCertificateAuthorityBytes",
+                self.max_certificate_authority_bytes,
+            ),
+        ]
+    }
+
+    fn validate(&self) -> Result<(), (String, String)> {
+        for (key, value) in self.entries() {
+            if value == 0 {
+                return Err((key.into(), "must be at least 1".into()));
+            }
+        }
+        if self.max_cluster_config_depth > MAX_CLUSTER_CONFIG_DEPTH_CEILING {
+            return Err((
+                "limits.maxClusterConfigDepth".into(),
+                format!(
+                    "must be at most {MAX_CLUSTER_CONFIG_DEPTH_CEILING}: the gRPC decoder refuses deeper messages anyway"
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn default_socket_path() -> PathBuf {
@@ -1131,6 +1228,7 @@ impl Config {
         if self.cache.idle_timeout.0.is_zero() {
             return Err(("cache.idleTimeout".into(), "must be longer than 0s".into()));
         }
+        self.limits.validate()?;
         if let Some(metrics) = &self.metrics {
             metrics
                 .address
@@ -1154,6 +1252,16 @@ impl Config {
             provider
                 .validate()
                 .map_err(|(field, msg)| (at(&field), msg))?;
+            if provider.name.len() > self.limits.max_provider_name_bytes as usize {
+                return Err((
+                    at("name"),
+                    format!(
+                        "is {} bytes, longer than limits.maxProviderNameBytes ({}): callers could not name it",
+                        provider.name.len(),
+                        self.limits.max_provider_name_bytes
+                    ),
+                ));
+            }
             if !names.insert(provider.name.as_str()) {
                 return Err((
                     at("name"),
@@ -1600,6 +1708,46 @@ providers:
             config.providers[4].file.as_ref().unwrap().lifetime.0,
             Duration::from_secs(7200)
         );
+    }
+
+    #[test]
+    fn limits_have_defaults_and_are_validated() {
+        let config = Config::parse(EXEC, "t").unwrap();
+        assert_eq!(config.limits, LimitsConfig::default());
+        assert_eq!(config.limits.max_request_bytes, 65_536);
+        let config = Config::parse(
+            &format!("limits: {{maxRequestBytes: 1048576, maxClusterConfigDepth: 3}}\n{EXEC}"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(config.limits.max_request_bytes, 1_048_576);
+        assert_eq!(config.limits.max_cluster_config_depth, 3);
+        assert_eq!(
+            config.limits.max_field_bytes, DEFAULT_MAX_FIELD_BYTES,
+            "unset keys keep their default"
+        );
+        for (body, want) in [
+            ("limits: {maxBytes: 1}", "limits.maxBytes: unknown field"),
+            (
+                "limits: {maxFieldBytes: 0}",
+                "limits.maxFieldBytes: must be at least 1",
+            ),
+            (
+                "limits: {maxClusterConfigDepth: 31}",
+                "limits.maxClusterConfigDepth: must be at most 30",
+            ),
+            (
+                "limits: {maxRequestBytes: -1}",
+                "limits.maxRequestBytes: invalid value",
+            ),
+            (
+                "limits: {maxProviderNameBytes: 3}",
+                "providers[0].name: is 6 bytes, longer than limits.maxProviderNameBytes (3)",
+            ),
+        ] {
+            let e = err(&format!("{body}\n{EXEC}"));
+            assert!(e.contains(want), "{body}: {e}");
+        }
     }
 
     #[test]

@@ -12,3 +12,4 @@ pub mod request;
 pub mod server;
 pub mod socket;
 pub mod text;
+pub mod wire;

@@ -170,7 +170,13 @@ async fn health_check(socket: &std::path::Path, service: String) -> Result<Strin
     let reply = HealthClient::new(channel)
         .check(HealthCheckRequest { service })
         .await
-        .map_err(|s| format!("health check failed: {:?}: {}", s.code(), s.message()))?;
+        .map_err(|s| {
+            format!(
+                "health check failed: {}: {}",
+                credbroker_proto::code_name(s.code()),
+                s.message()
+            )
+        })?;
     Ok(reply.into_inner().status().as_str_name().to_owned())
 }
 

@@ -19,6 +19,11 @@ use prometheus_client::registry::Registry;
 
 use crate::cache::{Cache, Outcome};
 
+/// The `provider` label of calls that name no configured provider: label values come from
+/// the config only, so no caller can grow `/metrics` (or the broker's memory) by inventing
+/// names. Parentheses keep it apart from every valid provider name.
+pub const UNKNOWN_PROVIDER: &str = "(unknown)";
+
 /// Upstream latency buckets: 1 ms (a local file or signing) doubling to about 33 s (a
 /// slow cloud endpoint near the 60 s upstream timeout).
 const LATENCY_BUCKET_START: f64 = 0.001;
@@ -132,7 +137,8 @@ impl Metrics {
         }
     }
 
-    /// One GetToken call and, when it was answered, how.
+    /// One GetToken call and, when it was answered, how. `provider` is a configured name or
+    /// [`UNKNOWN_PROVIDER`] (the caller's choice is the server's to check).
     pub fn request(&self, provider: &str, code: tonic::Code, outcome: Option<Outcome>) {
         self.requests
             .get_or_create(&RequestLabels {

@@ -21,6 +21,10 @@ const EXEMPT_PREFIXES: [&str; 3] = [
 ];
 /// Callers whose uid the socket could not tell share one bucket.
 const UNKNOWN_CALLER: u32 = u32::MAX;
+/// A refused caller is logged once, then at most once per this interval with the number of
+/// calls refused since: a runaway loop makes tens of thousands of calls a second, which
+/// must not become as many log lines; 10 s is short enough to see it stop.
+pub const REFUSAL_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct RateLimitLayer {
@@ -59,6 +63,17 @@ pub struct Limiter {
 struct Bucket {
     tokens: f64,
     updated: Instant,
+    /// When a refusal of this caller was last logged, and how many were not logged since.
+    logged: Option<Instant>,
+    unlogged: u64,
+}
+
+/// What [`Limiter::check`] decided, and whether to log refusals now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// Log a line now for this many refused calls (this one included, when refused).
+    pub report: Option<u64>,
 }
 
 impl Limiter {
@@ -72,21 +87,38 @@ impl Limiter {
 
     /// Takes one token from `uid`'s bucket; false when it is empty.
     pub fn allow(&self, uid: u32) -> bool {
+        self.check(uid).allowed
+    }
+
+    /// Takes one token from `uid`'s bucket, and says when refusals are due for a log line:
+    /// the first refusal at once, later ones summed up at most once per
+    /// [`REFUSAL_LOG_INTERVAL`] (on the next call, refused or not, once it has passed).
+    pub fn check(&self, uid: u32) -> Decision {
         let now = Instant::now();
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
         let bucket = buckets.entry(uid).or_insert(Bucket {
             tokens: self.burst,
             updated: now,
+            logged: None,
+            unlogged: 0,
         });
         let refill = now.saturating_duration_since(bucket.updated).as_secs_f64() * self.per_second;
         bucket.tokens = (bucket.tokens + refill).min(self.burst);
         bucket.updated = now;
-        if bucket.tokens >= 1.0 {
+        let allowed = bucket.tokens >= 1.0;
+        if allowed {
             bucket.tokens -= 1.0;
-            true
         } else {
-            false
+            bucket.unlogged += 1;
         }
+        let due = bucket
+            .logged
+            .is_none_or(|at| now.saturating_duration_since(at) >= REFUSAL_LOG_INTERVAL);
+        let report = (bucket.unlogged > 0 && due).then(|| {
+            bucket.logged = Some(now);
+            std::mem::take(&mut bucket.unlogged)
+        });
+        Decision { allowed, report }
     }
 }
 
@@ -122,10 +154,18 @@ where
             .get::<UdsConnectInfo>()
             .and_then(|info| info.peer_cred)
             .map_or(UNKNOWN_CALLER, |cred| cred.uid());
-        if self.limiter.allow(uid) {
+        let decision = self.limiter.check(uid);
+        if let Some(refused) = decision.report {
+            tracing::warn!(
+                uid,
+                refused,
+                "rate limit exceeded: {refused} call(s) refused; further refusals of this caller are summed up every {}s",
+                REFUSAL_LOG_INTERVAL.as_secs()
+            );
+        }
+        if decision.allowed {
             return futures_util::future::Either::Left(self.inner.call(req));
         }
-        tracing::warn!(uid, path = req.uri().path(), "rate limit exceeded");
         let status = tonic::Status::resource_exhausted(format!(
             "caller uid {uid} exceeded the rate limit of {}/s (burst {}); slow down or raise rateLimit in the broker config",
             self.limiter.per_second, self.limiter.burst
@@ -160,6 +200,56 @@ mod tests {
             (0..10).filter(|_| limiter.allow(1)).count(),
             5,
             "refill stops at the burst"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_are_logged_once_per_interval_per_caller() {
+        let limiter = Limiter::new(&RateLimitConfig {
+            per_second: 1,
+            burst: 1,
+        });
+        assert_eq!(
+            limiter.check(1),
+            Decision {
+                allowed: true,
+                report: None
+            }
+        );
+        // The first refusal is reported at once, the next 999 within the interval are not.
+        assert_eq!(limiter.check(1).report, Some(1));
+        let reports: Vec<u64> = (0..999).filter_map(|_| limiter.check(1).report).collect();
+        assert!(reports.is_empty(), "{reports:?}");
+        assert_eq!(
+            limiter.check(2).report,
+            None,
+            "another caller has its own count"
+        );
+        assert_eq!(limiter.check(2).report, Some(1));
+        // Once the interval has passed, the next call (allowed, here) reports the rest.
+        tokio::time::advance(REFUSAL_LOG_INTERVAL).await;
+        let next = limiter.check(1);
+        assert_eq!(
+            next,
+            Decision {
+                allowed: true,
+                report: Some(999)
+            }
+        );
+        assert_eq!(
+            limiter.check(1).report,
+            None,
+            "nothing left, nothing logged"
+        );
+        tokio::time::advance(REFUSAL_LOG_INTERVAL / 2).await;
+        assert!(limiter.check(1).allowed);
+        assert_eq!(
+            limiter.check(1),
+            Decision {
+                allowed: false,
+                report: None
+            },
+            "within the interval: counted, not logged"
         );
     }
 

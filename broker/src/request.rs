@@ -6,6 +6,9 @@ use serde_json::{Map, Number, Value};
 
 use credbroker_proto::v1;
 
+use crate::config::LimitsConfig;
+use crate::text::quote;
+
 /// A validated `GetToken` request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenRequest {
@@ -28,16 +31,202 @@ pub struct ClusterInfo {
     pub config: Map<String, Value>,
 }
 
-/// Why a request was refused before any provider saw it.
+/// Why a request was refused before any provider saw it. Messages name the limit's config key
+/// and never quote the oversize text itself.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum RequestError {
     #[error("the request names no provider")]
     MissingProvider,
+    #[error(
+        "{what} is {size} bytes, over the broker's limit of {limit} ({key}); shorten it or raise {key} in the broker config"
+    )]
+    TooLarge {
+        what: String,
+        size: usize,
+        limit: u32,
+        key: &'static str,
+    },
+    #[error(
+        "the cluster config (the client.authentication.k8s.io/exec extension) is nested more than {limit} levels deep (limits.maxClusterConfigDepth); flatten it or raise limits.maxClusterConfigDepth in the broker config"
+    )]
+    TooDeep { limit: u32 },
+    #[error(
+        "the cluster config (the client.authentication.k8s.io/exec extension) has more than {limit} keys and list items (limits.maxClusterConfigKeys); trim it or raise limits.maxClusterConfigKeys in the broker config"
+    )]
+    TooManyKeys { limit: u32 },
+    /// What the gRPC decoder said, quoted.
+    #[error("the request could not be decoded: {0}")]
+    Undecodable(String),
 }
 
+impl RequestError {
+    /// The request's wire size was over `limits.maxRequestBytes` (tonic's decoder refused it
+    /// before reading it).
+    pub fn request_too_large(size: usize, limits: &LimitsConfig) -> Self {
+        Self::TooLarge {
+            what: "the request".to_owned(),
+            size,
+            limit: limits.max_request_bytes,
+            key: "limits.maxRequestBytes",
+        }
+    }
+}
+
+fn check_len(
+    what: impl FnOnce() -> String,
+    size: usize,
+    limit: u32,
+    key: &'static str,
+) -> Result<(), RequestError> {
+    if size > limit as usize {
+        return Err(RequestError::TooLarge {
+            what: what(),
+            size,
+            limit,
+            key,
+        });
+    }
+    Ok(())
+}
+
+/// Checks every bound of `limits` on the message as received, before any of it is converted,
+/// stored, logged or counted.
+pub fn check_limits(msg: &v1::GetTokenRequest, limits: &LimitsConfig) -> Result<(), RequestError> {
+    check_len(
+        || "the provider name".to_owned(),
+        msg.provider.len(),
+        limits.max_provider_name_bytes,
+        "limits.maxProviderNameBytes",
+    )?;
+    let Some(cluster) = &msg.cluster else {
+        return Ok(());
+    };
+    for (field, value) in [
+        ("cluster.server", &cluster.server),
+        ("cluster.tlsServerName", &cluster.tls_server_name),
+        ("cluster.proxyUrl", &cluster.proxy_url),
+    ] {
+        check_len(
+            || field.to_owned(),
+            value.len(),
+            limits.max_field_bytes,
+            "limits.maxFieldBytes",
+        )?;
+    }
+    check_len(
+        || "cluster.certificateAuthorityData".to_owned(),
+        cluster.certificate_authority_data.len(),
+        limits.max_certificate_authority_bytes,
+        "limits.maxCertificateAuthorityBytes",
+    )?;
+    if let Some(config) = &cluster.config {
+        check_len(
+            || "the cluster config (the client.authentication.k8s.io/exec extension)".to_owned(),
+            prost::Message::encoded_len(config),
+            limits.max_cluster_config_bytes,
+            "limits.maxClusterConfigBytes",
+        )?;
+        let mut keys = 0;
+        check_struct(config, 1, &mut keys, limits)?;
+    }
+    Ok(())
+}
+
+fn check_struct(
+    s: &prost_types::Struct,
+    depth: u32,
+    keys: &mut u32,
+    limits: &LimitsConfig,
+) -> Result<(), RequestError> {
+    if depth > limits.max_cluster_config_depth {
+        return Err(RequestError::TooDeep {
+            limit: limits.max_cluster_config_depth,
+        });
+    }
+    for (key, value) in &s.fields {
+        check_len(
+            || format!("a key of the cluster config (\"{}\")", quote(key)),
+            key.len(),
+            limits.max_field_bytes,
+            "limits.maxFieldBytes",
+        )?;
+        check_value(value, key, depth, keys, limits)?;
+    }
+    Ok(())
+}
+
+fn check_value(
+    v: &prost_types::Value,
+    key: &str,
+    depth: u32,
+    keys: &mut u32,
+    limits: &LimitsConfig,
+) -> Result<(), RequestError> {
+    use prost_types::value::Kind;
+    *keys += 1;
+    if *keys > limits.max_cluster_config_keys {
+        return Err(RequestError::TooManyKeys {
+            limit: limits.max_cluster_config_keys,
+        });
+    }
+    match &v.kind {
+        Some(Kind::StringValue(s)) => check_len(
+            || format!("the cluster config's \"{}\"", quote(key)),
+            s.len(),
+            limits.max_field_bytes,
+            "limits.maxFieldBytes",
+        ),
+        Some(Kind::StructValue(s)) => check_struct(s, depth + 1, keys, limits),
+        Some(Kind::ListValue(l)) => {
+            if depth + 1 > limits.max_cluster_config_depth {
+                return Err(RequestError::TooDeep {
+                    limit: limits.max_cluster_config_depth,
+                });
+            }
+            l.values
+                .iter()
+                .try_for_each(|item| check_value(item, key, depth + 1, keys, limits))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// How a request's cluster is named in a log line, read straight from the wire message so that
+/// a refused request is logged like an accepted one: its `clusterName`, else its server, quoted
+/// (cut short, control characters escaped).
+pub fn cluster_label_of(msg: &v1::GetTokenRequest) -> String {
+    use prost_types::value::Kind;
+    let Some(cluster) = &msg.cluster else {
+        return NO_CLUSTER_INFO.to_owned();
+    };
+    let name = cluster
+        .config
+        .as_ref()
+        .and_then(|c| c.fields.get("clusterName"))
+        .and_then(|v| match &v.kind {
+            Some(Kind::StringValue(s)) if !s.is_empty() => Some(quote(s)),
+            Some(Kind::NumberValue(n)) => Some(number_to_json(*n).to_string()),
+            Some(Kind::BoolValue(b)) => Some(b.to_string()),
+            _ => None,
+        });
+    match name {
+        Some(name) => name,
+        None if !cluster.server.is_empty() => quote(&cluster.server),
+        None => NO_CLUSTER_INFO.to_owned(),
+    }
+}
+
+/// The cluster label of a request without cluster info.
+const NO_CLUSTER_INFO: &str = "(no cluster info)";
+
 impl TokenRequest {
-    /// Converts the wire message, rejecting what no provider could use.
-    pub fn from_proto(msg: v1::GetTokenRequest) -> Result<Self, RequestError> {
+    /// Converts the wire message, rejecting what no provider could use and anything over
+    /// `limits`.
+    pub fn from_proto(
+        msg: v1::GetTokenRequest,
+        limits: &LimitsConfig,
+    ) -> Result<Self, RequestError> {
+        check_limits(&msg, limits)?;
         if msg.provider.is_empty() {
             return Err(RequestError::MissingProvider);
         }
@@ -67,7 +256,7 @@ impl TokenRequest {
         }
         match &self.cluster {
             Some(c) if !c.server.is_empty() => c.server.clone(),
-            _ => "(no cluster info)".to_owned(),
+            _ => NO_CLUSTER_INFO.to_owned(),
         }
     }
 }
@@ -254,7 +443,7 @@ mod tests {
             }),
             interactive: false,
         };
-        let req = TokenRequest::from_proto(msg).unwrap();
+        let req = TokenRequest::from_proto(msg, &LimitsConfig::default()).unwrap();
         assert_eq!(req.config_str("clusterName").as_deref(), Some("a"));
         assert_eq!(req.config_str("port").as_deref(), Some("443"));
         assert_eq!(req.cluster_label(), "a");
@@ -298,7 +487,158 @@ mod tests {
 
     #[test]
     fn empty_provider_is_refused() {
-        let err = TokenRequest::from_proto(v1::GetTokenRequest::default()).unwrap_err();
+        let err =
+            TokenRequest::from_proto(v1::GetTokenRequest::default(), &LimitsConfig::default())
+                .unwrap_err();
         assert_eq!(err, RequestError::MissingProvider);
+    }
+
+    fn string(s: &str) -> prost_types::Value {
+        prost_types::Value {
+            kind: Some(Kind::StringValue(s.into())),
+        }
+    }
+
+    fn with_config(fields: Vec<(String, prost_types::Value)>) -> v1::GetTokenRequest {
+        v1::GetTokenRequest {
+            provider: "p".into(),
+            cluster: Some(v1::Cluster {
+                server: "https://x".into(),
+                config: Some(prost_types::Struct {
+                    fields: fields.into_iter().collect(),
+                }),
+                ..Default::default()
+            }),
+            interactive: false,
+        }
+    }
+
+    fn nested(levels: usize) -> prost_types::Value {
+        let mut v = string("leaf");
+        for _ in 0..levels {
+            v = prost_types::Value {
+                kind: Some(Kind::StructValue(prost_types::Struct {
+                    fields: [("n".to_owned(), v)].into(),
+                })),
+            };
+        }
+        v
+    }
+
+    fn refused(msg: v1::GetTokenRequest, limits: &LimitsConfig) -> String {
+        TokenRequest::from_proto(msg, limits)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn every_limit_is_checked_and_named() {
+        let limits = LimitsConfig::default();
+        let long = |n: usize| "x".repeat(n);
+        let mut msg = with_config(vec![("clusterName".into(), string("a"))]);
+        msg.provider = long(254);
+        let e = refused(msg, &limits);
+        assert!(
+            e.starts_with("the provider name is 254 bytes, over the broker's limit of 253 (limits.maxProviderNameBytes)"),
+            "{e}"
+        );
+        for field in ["server", "tls", "proxy"] {
+            let mut msg = with_config(vec![]);
+            let c = msg.cluster.as_mut().unwrap();
+            *match field {
+                "server" => &mut c.server,
+                "tls" => &mut c.tls_server_name,
+                _ => &mut c.proxy_url,
+            } = long(4097);
+            let e = refused(msg, &limits);
+            assert!(
+                e.contains("is 4097 bytes") && e.contains("limits.maxFieldBytes"),
+                "{e}"
+            );
+        }
+        let mut msg = with_config(vec![]);
+        msg.cluster.as_mut().unwrap().certificate_authority_data = vec![b'-'; 48 * 1024 + 1];
+        assert!(refused(msg, &limits).contains("limits.maxCertificateAuthorityBytes"));
+        // A string value and a key of the config: the key is named (quoted), the value is not.
+        let e = refused(
+            with_config(vec![("clusterName".into(), string(&long(5000)))]),
+            &limits,
+        );
+        assert!(
+            e.contains("the cluster config's \"clusterName\" is 5000 bytes"),
+            "{e}"
+        );
+        assert!(!e.contains("xxxxx"), "{e}");
+        let e = refused(
+            with_config(vec![(format!("k\n{}", long(5000)), string("v"))]),
+            &limits,
+        );
+        assert!(
+            e.contains("limits.maxFieldBytes") && !e.contains('\n'),
+            "{e}"
+        );
+        // The whole config, its depth and its key count.
+        let fields = (0..8)
+            .map(|i| (format!("k{i}"), string(&long(3000))))
+            .collect();
+        assert!(refused(with_config(fields), &limits).contains("limits.maxClusterConfigBytes"));
+        let e = refused(with_config(vec![("n".into(), nested(8))]), &limits);
+        assert!(
+            e.contains("more than 8 levels deep (limits.maxClusterConfigDepth)"),
+            "{e}"
+        );
+        let list = prost_types::Value {
+            kind: Some(Kind::ListValue(prost_types::ListValue {
+                values: vec![string("a"); 300],
+            })),
+        };
+        let e = refused(with_config(vec![("l".into(), list)]), &limits);
+        assert!(
+            e.contains("more than 256 keys and list items (limits.maxClusterConfigKeys)"),
+            "{e}"
+        );
+        // Just within every limit: accepted.
+        let fields = vec![
+            ("clusterName".into(), string(&long(4096))),
+            ("n".into(), nested(7)),
+        ];
+        let mut msg = with_config(fields);
+        msg.provider = long(253);
+        msg.cluster.as_mut().unwrap().certificate_authority_data = vec![b'-'; 48 * 1024];
+        TokenRequest::from_proto(msg, &limits).unwrap();
+    }
+
+    #[test]
+    fn limits_follow_the_config() {
+        let limits = LimitsConfig {
+            max_field_bytes: 11, // "https://x" and "clusterName" fit
+            max_cluster_config_depth: 2,
+            ..LimitsConfig::default()
+        };
+        let e = refused(
+            with_config(vec![("clusterName".into(), string("123456789012"))]),
+            &limits,
+        );
+        assert!(
+            e.contains("is 12 bytes, over the broker's limit of 11 (limits.maxFieldBytes)"),
+            "{e}"
+        );
+        assert!(refused(with_config(vec![("n".into(), nested(2))]), &limits).contains("2 levels"));
+        TokenRequest::from_proto(with_config(vec![("n".into(), nested(1))]), &limits).unwrap();
+    }
+
+    #[test]
+    fn cluster_labels_are_quoted_from_the_wire() {
+        let msg = with_config(vec![("clusterName".into(), string("a\nb\u{1b}"))]);
+        assert_eq!(cluster_label_of(&msg), "a\\nb\\u{1b}");
+        let msg = with_config(vec![("clusterName".into(), num(42.0))]);
+        assert_eq!(cluster_label_of(&msg), "42");
+        assert_eq!(cluster_label_of(&with_config(vec![])), "https://x");
+        assert_eq!(
+            cluster_label_of(&v1::GetTokenRequest::default()),
+            "(no cluster info)"
+        );
+        let long = with_config(vec![("clusterName".into(), string(&"y".repeat(10_000)))]);
+        assert!(cluster_label_of(&long).ends_with("…(10000 bytes)"));
     }
 }

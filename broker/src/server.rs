@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
+use credbroker_proto::code_name;
 use credbroker_proto::v1::admin_service_server::AdminServiceServer;
 use credbroker_proto::v1::token_service_server::{TokenService, TokenServiceServer};
 use credbroker_proto::v1::{GetTokenRequest, GetTokenResponse};
@@ -19,16 +20,25 @@ use crate::admin::{AdminApi, ProviderHealth};
 use crate::cache::{
     Cache, CacheError, CacheKey, CacheObserver, CacheSettings, Served, UPSTREAM_TIMEOUT,
 };
-use crate::config::{Config, ProviderConfig};
+use crate::config::{Config, LimitsConfig, ProviderConfig};
 use crate::metrics::{self, Metrics, MetricsError};
 use crate::providers::{self, CredentialSecret, Provider, ProviderError};
 use crate::ratelimit::RateLimitLayer;
-use crate::request::{RequestError, TokenRequest};
+use crate::request::{RequestError, TokenRequest, cluster_label_of};
 use crate::socket::{self, SocketError};
+use crate::text::{one_line, quote};
+use crate::wire::WireErrors;
 
 /// In-flight calls get this long to finish after SIGTERM: well inside Kubernetes' default
 /// 30 s termination grace period, and far longer than a cache hit takes.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// A status message travels in an HTTP/2 trailer (clients refuse header lists past 16 KiB,
+/// and grpc-message is percent-encoded, up to three bytes per byte): whatever a provider or
+/// a caller put in it, the message is cut to this many bytes.
+const MAX_STATUS_MESSAGE_BYTES: usize = 2048;
+/// How many characters of an upstream error a log line quotes: a provider's error with its
+/// quoted plugin or upstream output fits, a runaway one does not fill the log.
+const MAX_LOGGED_ERROR_CHARS: usize = 1024;
 /// Accepted connections waiting for the server: a Kueue restart opens a thousand at once,
 /// and the server takes them off this queue in microseconds.
 const ACCEPT_QUEUE: usize = 1024;
@@ -45,9 +55,9 @@ pub enum BrokerError {
     BadSelection(String),
     #[error(transparent)]
     BadRequest(#[from] RequestError),
-    #[error("unknown provider {name:?} (configured: {known})")]
+    #[error("unknown provider \"{}\" (configured: {known})", quote(.name))]
     UnknownProvider { name: String, known: String },
-    #[error("provider {provider:?}, cluster {cluster:?}: {source}")]
+    #[error("provider \"{}\", cluster \"{}\": {source}", quote(.provider), quote(.cluster))]
     Provider {
         provider: String,
         cluster: String,
@@ -63,8 +73,23 @@ impl From<BrokerError> for Status {
             BrokerError::UnknownProvider { .. } => Code::NotFound,
             BrokerError::Provider { source, .. } => cache_code(source),
         };
-        Status::new(code, e.to_string())
+        Status::new(code, cut(e.to_string(), MAX_STATUS_MESSAGE_BYTES))
     }
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, saying how long it was.
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let total = text.len();
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(&format!("…({total} bytes)"));
+    text
 }
 
 fn cache_code(e: &CacheError) -> Code {
@@ -166,6 +191,8 @@ pub struct Broker {
     cache: Arc<Cache>,
     metrics: Arc<Metrics>,
     health: Arc<ProviderHealth>,
+    /// Bound at start-up, like the gRPC decoder's size limit they go with.
+    limits: LimitsConfig,
 }
 
 impl Broker {
@@ -198,6 +225,22 @@ impl Broker {
             cache: Arc::new(cache),
             metrics,
             health,
+            limits: config.limits,
+        }
+    }
+
+    /// What callers may send.
+    pub fn limits(&self) -> &LimitsConfig {
+        &self.limits
+    }
+
+    /// The `provider` label for `name` in metrics: a configured provider's name, else one
+    /// fixed label, so that callers cannot mint label values.
+    pub fn metric_label<'a>(&self, name: &'a str) -> &'a str {
+        if self.runtime().providers.contains_key(name) {
+            name
+        } else {
+            metrics::UNKNOWN_PROVIDER
         }
     }
 
@@ -262,7 +305,7 @@ impl Broker {
                 list: "socket.allowedUids/allowedGids",
             });
         }
-        let req = TokenRequest::from_proto(msg)?;
+        let req = TokenRequest::from_proto(msg, &self.limits)?;
         let provider = &runtime
             .providers
             .get(&req.provider)
@@ -358,6 +401,7 @@ impl CacheObserver for Telemetry {
             .upstream(provider, elapsed, result.is_ok(), background);
         self.health.record(provider, result);
         if let Err(error) = result {
+            let error = one_line(&error.to_string(), MAX_LOGGED_ERROR_CHARS);
             tracing::warn!(provider, background, ?elapsed, %error, "upstream call failed");
         }
     }
@@ -378,21 +422,24 @@ impl TokenService for TokenApi {
         let started = std::time::Instant::now();
         let peer = Peer::of(&request);
         let msg = request.into_inner();
-        let provider = msg.provider.clone();
+        // Caller text, bounded and escaped before it goes near a log line or a metric.
+        let provider = quote(&msg.provider);
+        let cluster = cluster_label_of(&msg);
+        let label = self.broker.metric_label(&msg.provider).to_owned();
         let result = self.broker.get_token(peer, msg).await;
         let elapsed = started.elapsed();
         match result {
-            Ok((served, req)) => {
+            Ok((served, _)) => {
                 self.broker
                     .metrics
-                    .request(&provider, Code::Ok, Some(served.outcome));
-                tracing::info!(provider, cluster = %req.cluster_label(), code = "OK", outcome = ?served.outcome, ?elapsed, uid = ?peer.uid, "GetToken");
+                    .request(&label, Code::Ok, Some(served.outcome));
+                tracing::info!(provider, cluster, code = code_name(Code::Ok), outcome = ?served.outcome, ?elapsed, uid = ?peer.uid, "GetToken");
                 Ok(Response::new(response(served)))
             }
             Err(e) => {
                 let status = Status::from(e);
-                self.broker.metrics.request(&provider, status.code(), None);
-                tracing::warn!(provider, code = ?status.code(), ?elapsed, uid = ?peer.uid, error = status.message(), "GetToken");
+                self.broker.metrics.request(&label, status.code(), None);
+                tracing::warn!(provider, cluster, code = code_name(status.code()), ?elapsed, uid = ?peer.uid, error = status.message(), "GetToken");
                 Err(status)
             }
         }
@@ -523,10 +570,18 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(TokenServiceServer::new(TokenApi {
-            broker: broker.clone(),
-        }))
-        .add_service(AdminServiceServer::new(AdminApi::new(broker.clone())))
+        .add_service(WireErrors::new(
+            TokenServiceServer::new(TokenApi {
+                broker: broker.clone(),
+            })
+            .max_decoding_message_size(config.limits.max_request_bytes as usize),
+            broker.clone(),
+        ))
+        .add_service(WireErrors::new(
+            AdminServiceServer::new(AdminApi::new(broker.clone()))
+                .max_decoding_message_size(config.limits.max_request_bytes as usize),
+            broker.clone(),
+        ))
         .serve_with_incoming_shutdown(ReceiverStream::new(conn_rx), async {
             let _ = stop_rx.await;
         });
@@ -632,6 +687,7 @@ fn restart_only_changes(running: &Config, next: &Config) -> Vec<&'static str> {
                 != running.metrics.as_ref().map(|m| &m.address),
         ),
         ("rateLimit", next.rate_limit != running.rate_limit),
+        ("limits", next.limits != running.limits),
     ]
     .into_iter()
     .filter_map(|(what, changed)| changed.then_some(what))

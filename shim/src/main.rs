@@ -61,15 +61,37 @@ impl Failure {
         }
     }
 
-    /// `credbroker-shim: <what>: <why> (<hint>)`, forced onto one line because client-go
-    /// logs the plugin's stderr and the broker's messages could contain newlines.
+    /// `credbroker-shim: <what>: <why> (<hint>)`, forced onto one line with every control
+    /// character escaped: client-go logs the plugin's stderr, and the broker's messages (or a
+    /// broken connection's) could carry newlines or terminal escapes from outside text.
     pub fn line(&self) -> String {
         let line = format!(
             "credbroker-shim: {}: {} ({})",
             self.what, self.why, self.hint
         );
-        line.replace(['\r', '\n'], " ")
+        escape_controls(&line)
     }
+}
+
+/// `text` with control characters (C0, DEL, C1) and the Unicode line separators and bidi
+/// overrides escaped as `\n`, `\r`, `\t` or `\u{..}`, as the broker's `text::quote` does.
+fn escape_controls(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control()
+                || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
+            {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// A command-line mistake, with the usage as the hint.
@@ -587,7 +609,18 @@ mod tests {
         let f = Failure::new("what", "broker said:\nline two\r\n", "do this");
         assert_eq!(
             f.line(),
-            "credbroker-shim: what: broker said: line two   (do this)"
+            "credbroker-shim: what: broker said:\\nline two\\r\\n (do this)"
+        );
+        let f = Failure::new(
+            "w",
+            "plugin: \u{1b}[2J\u{1b}]0;x\u{7} \u{9b}1m \u{202e}",
+            "h",
+        );
+        let line = f.line();
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+        assert_eq!(
+            line,
+            "credbroker-shim: w: plugin: \\u{1b}[2J\\u{1b}]0;x\\u{7} \\u{9b}1m \\u{202e} (h)"
         );
     }
 
@@ -803,7 +836,7 @@ mod tests {
         assert_eq!(
             f.line(),
             "credbroker-shim: the broker could not serve GetToken for provider \"eks\": NOT_FOUND: \
-             unknown provider \"eks\" (configured: eks, gke) (check --provider against \
+             unknown provider \"eks\"\\n(configured: eks, gke) (check --provider against \
              providers[].name in the broker config)"
         );
     }

@@ -332,7 +332,7 @@ fn metrics_count_exactly_what_happened() {
             4.0,
         ),
         (
-            r#"credbroker_requests_total{provider="nope",code="NOT_FOUND"}"#,
+            r#"credbroker_requests_total{provider="(unknown)",code="NOT_FOUND"}"#,
             1.0,
         ),
         (r#"credbroker_cache_hits_total{provider="onprem"}"#, 2.0),

@@ -1,0 +1,365 @@
+//! Hostile and clumsy callers over the real socket: caller text never becomes unbounded
+//! state (metrics labels, memory), oversize and deeply nested requests get a clear
+//! `INVALID_ARGUMENT` naming the limit, caller text cannot forge log lines (text and JSON
+//! formats) or reach the shim's stderr raw, and a rate-limited flood logs a bounded number of
+//! lines.
+
+// Helpers here are test code too: a panic is a failed assertion.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Output;
+use std::time::Duration;
+
+use credbroker_proto::v1::token_service_client::TokenServiceClient;
+use credbroker_proto::v1::{Cluster, GetTokenRequest};
+use credbroker_tests::{
+    Broker, ExecPlugin, PluginOptions, TokenFiles, V1, assert_credential, assert_shim_error,
+    exec_info, exec_provider, file_provider, run_shim, unix_channel,
+};
+use prost_types::value::Kind;
+use serde_json::{Value, json};
+
+fn config(top_extra: &str, providers: &[String]) -> String {
+    format!(
+        "socket: {{path: \"{{socket}}\"}}\n{top_extra}providers:\n{}",
+        providers.concat()
+    )
+}
+
+fn string(s: impl Into<String>) -> prost_types::Value {
+    prost_types::Value {
+        kind: Some(Kind::StringValue(s.into())),
+    }
+}
+
+/// A GetToken request for `provider` whose cluster config is `fields`.
+fn request(provider: &str, fields: Vec<(&str, prost_types::Value)>) -> GetTokenRequest {
+    GetTokenRequest {
+        provider: provider.to_owned(),
+        cluster: Some(Cluster {
+            server: "https://hostile.example".into(),
+            config: Some(prost_types::Struct {
+                fields: fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            }),
+            ..Default::default()
+        }),
+        interactive: false,
+    }
+}
+
+/// `levels` Structs nested inside each other under the key `n`, innermost `{"clusterName": "x"}`.
+fn nested(levels: usize) -> prost_types::Value {
+    let mut v = prost_types::Value {
+        kind: Some(Kind::StructValue(prost_types::Struct {
+            fields: [("clusterName".to_owned(), string("x"))].into(),
+        })),
+    };
+    for _ in 1..levels {
+        v = prost_types::Value {
+            kind: Some(Kind::StructValue(prost_types::Struct {
+                fields: [("n".to_owned(), v)].into(),
+            })),
+        };
+    }
+    v
+}
+
+fn metrics_address(broker: &Broker) -> String {
+    broker
+        .logs()
+        .lines()
+        .find(|l| l.contains("metrics at /metrics"))
+        .and_then(|l| l.split("address=").nth(1))
+        .map(|a| a.split_whitespace().next().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("no metrics address in the log:\n{}", broker.logs()))
+}
+
+fn scrape(address: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+/// Resident memory of `pid` in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_provider_names_never_become_metric_labels_or_memory() {
+    let files = TokenFiles::new();
+    let broker = Broker::start(&config(
+        "metrics: {address: \"127.0.0.1:0\"}\n",
+        &[file_provider("static", &files.template())],
+    ));
+    let address = metrics_address(&broker);
+    let client = TokenServiceClient::new(unix_channel(broker.socket()).await);
+    let call = |provider: String| {
+        let mut client = client.clone();
+        async move {
+            client
+                .get_token(request(&provider, vec![("clusterName", string("a"))]))
+                .await
+                .unwrap_err()
+        }
+    };
+    // Warm up: one of each kind, so the baseline holds their label sets.
+    assert_eq!(call("nope-warm".into()).await.code(), tonic::Code::NotFound);
+    let long = |i: usize| format!("{i:05}{}", "p".repeat(50 * 1024));
+    let status = call(long(99_999)).await;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("limits.maxProviderNameBytes"),
+        "{status:?}"
+    );
+    let baseline = scrape(&address);
+    let rss_before = rss_kib(broker.pid());
+
+    for i in 0..400 {
+        assert_eq!(
+            call(format!("nope-{i}")).await.code(),
+            tonic::Code::NotFound
+        );
+        assert_eq!(call(long(i)).await.code(), tonic::Code::InvalidArgument);
+    }
+    let after = scrape(&address);
+    assert!(
+        !after.contains("nope-") && !after.contains("ppppp"),
+        "a caller's provider name became a label:\n{}",
+        &after[..after.len().min(4000)]
+    );
+    assert!(
+        after.len() < baseline.len() + 64,
+        "/metrics grew from {} to {} bytes",
+        baseline.len(),
+        after.len()
+    );
+    assert!(
+        after.contains(r#"credbroker_requests_total{provider="(unknown)",code="NOT_FOUND"} 401"#),
+        "{after}"
+    );
+    assert!(
+        after.contains(
+            r#"credbroker_requests_total{provider="(unknown)",code="INVALID_ARGUMENT"} 401"#
+        ),
+        "{after}"
+    );
+    // 800 calls carried 20 MB of names; none of it may stay.
+    let grown = rss_kib(broker.pid()).saturating_sub(rss_before);
+    assert!(grown < 32 * 1024, "RSS grew by {grown} KiB");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_and_deeply_nested_requests_are_invalid_argument_naming_the_limit() {
+    let plugin = ExecPlugin::new();
+    let broker = Broker::start(&config(
+        "",
+        &[exec_provider("onprem", plugin.command(), "")],
+    ));
+    let mut client = TokenServiceClient::new(unix_channel(broker.socket()).await);
+
+    // 3 MB of cluster config: over the whole request's bound.
+    let big = request(
+        "onprem",
+        vec![
+            ("clusterName", string("big")),
+            ("blob", string("b".repeat(3 << 20))),
+        ],
+    );
+    let status = client.get_token(big).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("limits.maxRequestBytes"),
+        "{status:?}"
+    );
+
+    // 40 levels: past what the gRPC decoder itself accepts.
+    let deep = request("onprem", vec![("n", nested(40))]);
+    let status = client.get_token(deep).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("limits.maxClusterConfigDepth"),
+        "{status:?}"
+    );
+    // 12 levels: decodable, but over the default depth.
+    let status = client
+        .get_token(request("onprem", vec![("n", nested(12))]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("limits.maxClusterConfigDepth"),
+        "{status:?}"
+    );
+    assert_eq!(plugin.runs(), 0, "no refused request reached the plugin");
+
+    // The broker says so in its log, once per refusal.
+    let logs = broker.logs();
+    for key in ["limits.maxRequestBytes", "limits.maxClusterConfigDepth"] {
+        assert!(
+            logs.lines()
+                .any(|l| l.contains("INVALID_ARGUMENT") && l.contains(key)),
+            "no log line for {key}:\n{logs}"
+        );
+    }
+    // And still serves a sensible request on the same connection.
+    client
+        .get_token(request("onprem", vec![("clusterName", string("fine"))]))
+        .await
+        .unwrap();
+}
+
+fn shim_for(broker: &Broker, provider: &str, cluster: &str) -> Output {
+    run_shim(
+        broker.socket(),
+        &["--provider", provider],
+        Some(&exec_info(
+            V1,
+            "https://hostile.example",
+            json!({"clusterName": cluster}),
+        )),
+    )
+}
+
+#[test]
+fn a_10kb_cluster_name_gets_the_real_one_line_error() {
+    let files = TokenFiles::new();
+    let name = "n".repeat(10 * 1024);
+    // Within the default limits: refused at parse time, naming the limit.
+    let broker = Broker::start(&config("", &[file_provider("static", &files.template())]));
+    let line = assert_shim_error(
+        &shim_for(&broker, "static", &name),
+        &["INVALID_ARGUMENT", "limits.maxFieldBytes"],
+    );
+    assert!(line.len() < 2048, "{line}");
+
+    // With the limit raised, the provider's own error comes through, quoted and cut short.
+    let broker = Broker::start(&config(
+        "limits: {maxFieldBytes: 65536}\n",
+        &[file_provider("static", &files.template())],
+    ));
+    let line = assert_shim_error(
+        &shim_for(&broker, "static", &name),
+        &["the broker could not serve GetToken", "(10240 bytes)"],
+    );
+    assert!(!line.contains("connection broke"), "{line}");
+    assert!(line.len() < 8192, "{} bytes: {line}", line.len());
+}
+
+const EVIL: &str = "evil\n2030-01-01T00:00:00.000000Z  INFO credbroker: forged\u{1b}[31m";
+
+/// No line of `logs` is forged by [`EVIL`], none holds a raw control character.
+fn assert_unforged(logs: &str) {
+    for line in logs.lines() {
+        assert!(
+            !line.starts_with("2030-01-01") && !line.starts_with("{\"timestamp\":\"2030"),
+            "forged log line: {line:?}\nin:\n{logs}"
+        );
+        assert!(
+            !line.chars().any(char::is_control),
+            "raw control character in {line:?}"
+        );
+    }
+}
+
+#[test]
+fn caller_text_cannot_forge_log_lines_in_either_format() {
+    let plugin = ExecPlugin::new();
+    let files = TokenFiles::new();
+    let yaml = config(
+        "",
+        &[
+            exec_provider("onprem", plugin.command(), ""),
+            file_provider("static", &files.template()),
+        ],
+    );
+    for format in ["text", "json"] {
+        let broker = Broker::start_with(&yaml, &["--log-format", format], &[]);
+        // Success (`cluster=`), a provider's failure (`error=`), an unknown provider.
+        assert_credential(&shim_for(&broker, "onprem", EVIL), V1);
+        assert_shim_error(&shim_for(&broker, "static", EVIL), &["NOT_FOUND"]);
+        assert_shim_error(&shim_for(&broker, EVIL, EVIL), &[]);
+        let logs = broker.logs();
+        assert_unforged(&logs);
+        let get_token: Vec<&str> = logs.lines().filter(|l| l.contains("GetToken")).collect();
+        assert_eq!(get_token.len(), 3, "one line per call:\n{logs}");
+        for line in get_token {
+            if format == "json" {
+                let event: Value = serde_json::from_str(line).unwrap();
+                assert!(event["fields"]["cluster"].is_string(), "{line}");
+                assert!(
+                    event["fields"]["code"]
+                        .as_str()
+                        .unwrap()
+                        .chars()
+                        .all(|c| c.is_ascii_uppercase() || c == '_'),
+                    "{line}"
+                );
+            } else {
+                assert!(line.contains("cluster=\"evil\\\\n2030"), "{line}");
+            }
+        }
+    }
+}
+
+#[test]
+fn plugin_stderr_never_reaches_the_shim_line_raw() {
+    let plugin = ExecPlugin::with(PluginOptions {
+        fail_with: Some(vec!["bad \u{1b}[2J\u{1b}]0;owned\u{7} thing".to_owned()]),
+        ..PluginOptions::default()
+    });
+    let broker = Broker::start(&config(
+        "",
+        &[exec_provider("onprem", plugin.command(), "")],
+    ));
+    let line = assert_shim_error(&shim_for(&broker, "onprem", "c"), &["UNAVAILABLE"]);
+    assert!(
+        !line.chars().any(char::is_control),
+        "raw control character on the shim's line: {line:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_flood_logs_a_bounded_number_of_lines() {
+    let plugin = ExecPlugin::new();
+    let broker = Broker::start(&config(
+        "rateLimit: {perSecond: 1, burst: 1}\n",
+        &[exec_provider("onprem", plugin.command(), "")],
+    ));
+    let mut client = TokenServiceClient::new(unix_channel(broker.socket()).await);
+    let mut refused = 0;
+    for _ in 0..500 {
+        let result = client
+            .get_token(request("onprem", vec![("clusterName", string("flood"))]))
+            .await;
+        if let Err(status) = result {
+            assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+            refused += 1;
+        }
+    }
+    assert!(refused >= 450, "{refused} of 500 refused");
+    let logs = broker.logs();
+    let lines = logs.lines().filter(|l| l.contains("rate limit")).count();
+    assert!(
+        (1..=3).contains(&lines),
+        "{refused} refusals logged in {lines} lines:\n{}",
+        &logs[..logs.len().min(4000)]
+    );
+}
