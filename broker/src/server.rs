@@ -744,6 +744,38 @@ mod tests {
             status.message()
         );
         assert!(b.cache().entries().is_empty(), "refused before the cache");
+
+        // Allowed by a reload, then refused again by the next one: the running config decides.
+        let asked = || {
+            let mut m = msg("cloud");
+            m.cluster = Some(credbroker_proto::v1::Cluster {
+                server: "https://w1.example".into(),
+                config: Some(prost_types::Struct {
+                    fields: [("roleArn", "arn:aws:iam::111122223333:role/admin")]
+                        .into_iter()
+                        .map(|(k, v)| {
+                            let kind = prost_types::value::Kind::StringValue(v.into());
+                            (k.to_owned(), prost_types::Value { kind: Some(kind) })
+                        })
+                        .collect(),
+                }),
+                ..Default::default()
+            });
+            m
+        };
+        let allowing = FILE.replace(
+            "type: aws}",
+            "type: aws, allowOverrides: {roleArn: [\"arn:aws:iam::111122223333:role/*\"]}}",
+        );
+        b.reload(&Config::parse(&allowing, "t").unwrap());
+        let err = b.get_token(Peer::default(), asked()).await.unwrap_err();
+        assert!(
+            !matches!(err, BrokerError::OverrideRefused { .. }),
+            "allowed now, so the provider sees it: {err}"
+        );
+        b.reload(&Config::parse(FILE, "t").unwrap());
+        let err = b.get_token(Peer::default(), asked()).await.unwrap_err();
+        assert!(matches!(err, BrokerError::OverrideRefused { .. }), "{err}");
     }
 
     #[tokio::test]
