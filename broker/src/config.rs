@@ -323,6 +323,11 @@ pub struct ProviderConfig {
     pub file: Option<FileConfig>,
     #[serde(default)]
     pub kubernetes_secret: Option<KubernetesSecretConfig>,
+    /// Per-cluster keys that select an identity or a secret, and the glob patterns of the
+    /// values a cluster's exec extension may set them to; any other value is refused
+    /// (`providers::overrides`). Empty: every such per-cluster key is refused.
+    #[serde(default)]
+    pub allow_overrides: BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -1312,7 +1317,7 @@ impl ProviderConfig {
                 ));
             }
         }
-        match self.kind {
+        let section = match self.kind {
             ProviderKind::Exec => {
                 let exec = self.exec.as_ref().ok_or_else(|| {
                     (
@@ -1355,7 +1360,9 @@ impl ProviderConfig {
                     .validate()
                     .map_err(|(f, m)| (format!("kubernetesSecret.{f}"), m))
             }
-        }
+        };
+        section?;
+        crate::providers::overrides::validate(self)
     }
 }
 

@@ -22,11 +22,12 @@ use crate::cache::{
 };
 use crate::config::{Config, LimitsConfig, ProviderConfig};
 use crate::metrics::{self, Metrics, MetricsError};
+use crate::providers::overrides::{self, OverrideError};
 use crate::providers::{self, CredentialSecret, Provider, ProviderError};
 use crate::ratelimit::RateLimitLayer;
 use crate::request::{RequestError, TokenRequest, cluster_label_of};
 use crate::socket::{self, SocketError};
-use crate::text::{one_line, quote};
+use crate::text::{self, one_line, quote};
 use crate::wire::WireErrors;
 
 /// In-flight calls get this long to finish after SIGTERM: well inside Kubernetes' default
@@ -63,12 +64,22 @@ pub enum BrokerError {
         cluster: String,
         source: CacheError,
     },
+    /// The cluster's exec config picks an identity or a secret the provider does not allow.
+    /// Refused before the cache: nothing cached is touched.
+    #[error("provider {provider:?}, cluster \"{cluster}\": {source}")]
+    OverrideRefused {
+        provider: String,
+        cluster: String,
+        source: Box<OverrideError>,
+    },
 }
 
 impl From<BrokerError> for Status {
     fn from(e: BrokerError) -> Self {
         let code = match &e {
-            BrokerError::CallerNotAllowed { .. } => Code::PermissionDenied,
+            BrokerError::CallerNotAllowed { .. } | BrokerError::OverrideRefused { .. } => {
+                Code::PermissionDenied
+            }
             BrokerError::BadRequest(_) | BrokerError::BadSelection(_) => Code::InvalidArgument,
             BrokerError::UnknownProvider { .. } => Code::NotFound,
             BrokerError::Provider { source, .. } => cache_code(source),
@@ -324,6 +335,17 @@ impl Broker {
             cluster: req.cluster_label(),
             source,
         };
+        // Before the provider reads the request: its identity, the cache and the fetch only
+        // ever see per-cluster keys the provider's config allows.
+        if let Some(configured) = runtime.providers.get(&req.provider) {
+            overrides::check(&configured.config, &req).map_err(|source| {
+                BrokerError::OverrideRefused {
+                    provider: req.provider.clone(),
+                    cluster: text::quote(&req.cluster_label()),
+                    source: Box::new(source),
+                }
+            })?;
+        }
         let identity = provider.identity(&req).map_err(|e| failed(e.into()))?;
         let key = CacheKey {
             provider: req.provider.as_str().into(),
@@ -753,6 +775,79 @@ mod tests {
             unknown.message(),
             "unknown provider \"nope\" (configured: cloud, f)"
         );
+    }
+
+    #[tokio::test]
+    async fn identity_overrides_are_permission_denied_before_the_provider() {
+        let b = broker(FILE);
+        let mut fields = std::collections::BTreeMap::new();
+        for (k, v) in [
+            ("clusterName", "w1"),
+            ("roleArn", "arn:aws:iam::111122223333:role/admin"),
+        ] {
+            let kind = prost_types::value::Kind::StringValue(v.into());
+            fields.insert(k.to_owned(), prost_types::Value { kind: Some(kind) });
+        }
+        let mut asked = msg("cloud");
+        asked.cluster = Some(credbroker_proto::v1::Cluster {
+            server: "https://w1.example".into(),
+            config: Some(prost_types::Struct { fields }),
+            ..Default::default()
+        });
+        let err = b.get_token(Peer::default(), asked).await.unwrap_err();
+        assert!(
+            matches!(err, BrokerError::OverrideRefused { .. }),
+            "{err:?}"
+        );
+        let status = Status::from(err);
+        assert_eq!(status.code(), Code::PermissionDenied);
+        assert!(
+            status.message().starts_with(
+                "provider \"cloud\", cluster \"w1\": override refused: the cluster's exec config sets roleArn"
+            ),
+            "{}",
+            status.message()
+        );
+        assert!(
+            status
+                .message()
+                .contains("allowOverrides: {roleArn: [\"arn:aws:iam::111122223333:role/admin\"]}"),
+            "{}",
+            status.message()
+        );
+        assert!(b.cache().entries().is_empty(), "refused before the cache");
+
+        // Allowed by a reload, then refused again by the next one: the running config decides.
+        let asked = || {
+            let mut m = msg("cloud");
+            m.cluster = Some(credbroker_proto::v1::Cluster {
+                server: "https://w1.example".into(),
+                config: Some(prost_types::Struct {
+                    fields: [("roleArn", "arn:aws:iam::111122223333:role/admin")]
+                        .into_iter()
+                        .map(|(k, v)| {
+                            let kind = prost_types::value::Kind::StringValue(v.into());
+                            (k.to_owned(), prost_types::Value { kind: Some(kind) })
+                        })
+                        .collect(),
+                }),
+                ..Default::default()
+            });
+            m
+        };
+        let allowing = FILE.replace(
+            "type: aws}",
+            "type: aws, allowOverrides: {roleArn: [\"arn:aws:iam::111122223333:role/*\"]}}",
+        );
+        b.reload(&Config::parse(&allowing, "t").unwrap());
+        let err = b.get_token(Peer::default(), asked()).await.unwrap_err();
+        assert!(
+            !matches!(err, BrokerError::OverrideRefused { .. }),
+            "allowed now, so the provider sees it: {err}"
+        );
+        b.reload(&Config::parse(FILE, "t").unwrap());
+        let err = b.get_token(Peer::default(), asked()).await.unwrap_err();
+        assert!(matches!(err, BrokerError::OverrideRefused { .. }), "{err}");
     }
 
     #[tokio::test]

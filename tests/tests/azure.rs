@@ -409,13 +409,22 @@ struct AzureBroker {
 
 impl AzureBroker {
     fn start(azure_section: &str, env: &[(&str, String)]) -> AzureBroker {
+        Self::start_allowing(azure_section, "{}", env)
+    }
+
+    /// Like [`AzureBroker::start`], with the provider's `allowOverrides` (a flow mapping).
+    fn start_allowing(
+        azure_section: &str,
+        allow_overrides: &str,
+        env: &[(&str, String)],
+    ) -> AzureBroker {
         let dir = tempdir();
         let socket = dir.path().join("broker.sock");
         let config = dir.path().join("config.yaml");
         std::fs::write(
             &config,
             format!(
-                "socket: {{path: {}}}\nproviders:\n  - name: aks\n    type: azure\n    azure: {azure_section}\n",
+                "socket: {{path: {}}}\nproviders:\n  - name: aks\n    type: azure\n    allowOverrides: {allow_overrides}\n    azure: {azure_section}\n",
                 yaml_str(socket.to_str().expect("UTF-8"))
             ),
         )
@@ -639,7 +648,11 @@ fn a_rotated_federated_token_is_used_by_the_next_upstream_request() {
 fn per_cluster_tenant_and_server_id_get_their_own_entries_and_requests() {
     let file = TokenFile::new("federated");
     let entra = FakeEntra::start(workload_expect(&file), 3600);
-    let broker = AzureBroker::start("{}", &workload_env(&entra, &file));
+    let broker = AzureBroker::start_allowing(
+        "{}",
+        &format!("{{tenantId: [{OTHER_TENANT}], serverId: [\"api://aks-*\"]}}"),
+        &workload_env(&entra, &file),
+    );
     let default = broker.token(json!({"clusterName": "a"}));
     let tenant2 = broker.token(json!({"clusterName": "b", "tenantId": OTHER_TENANT}));
     let server2 = broker.token(json!({"clusterName": "c", "serverId": "api://aks-private-app"}));
@@ -649,6 +662,17 @@ fn per_cluster_tenant_and_server_id_get_their_own_entries_and_requests() {
         tenant2
     );
     assert_eq!(broker.token(json!({"clusterName": "e"})), default);
+    // An audience allowOverrides does not match is refused before Entra is asked.
+    let status = broker
+        .grpc(json!({"clusterName": "f", "serverId": "https://graph.microsoft.com"}))
+        .expect_err("an audience outside allowOverrides");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    assert!(
+        status.message().contains("override refused")
+            && status.message().contains("allowOverrides.serverId"),
+        "{}",
+        status.message()
+    );
     entra.assert_no_violations();
     let seen = entra.seen();
     assert_eq!(seen.len(), 3, "{seen:#?}");
@@ -733,8 +757,9 @@ fn managed_identity_through_the_identity_endpoint() {
         3600,
     );
     // `auto` with no workload identity: IDENTITY_ENDPOINT says there is a managed identity.
-    let broker = AzureBroker::start(
+    let broker = AzureBroker::start_allowing(
         "{clientId: mi-client-id}",
+        "{tenantId: [\"*\"]}",
         &[
             ("IDENTITY_ENDPOINT", format!("{}/msi/token", entra.url)),
             ("IDENTITY_HEADER", "identity-header-value".to_owned()),
@@ -810,7 +835,11 @@ fn endpoint_down_is_unavailable_with_backoff_while_the_cached_token_is_served() 
     // 14 s tokens: refresh is due after 5.6–8.4 s (half the lifetime ± 10 %), the cached
     // one is served until 10.5 s (three quarters, for a token this short).
     let entra = FakeEntra::start(workload_expect(&file), 14);
-    let broker = AzureBroker::start("{}", &workload_env(&entra, &file));
+    let broker = AzureBroker::start_allowing(
+        "{}",
+        &format!("{{tenantId: [{OTHER_TENANT}]}}"),
+        &workload_env(&entra, &file),
+    );
     let cached = broker.token(json!({"clusterName": "a"}));
     entra.fail_with(Some((503, r#"{"error":"temporarily_unavailable","error_description":"AADSTS90033: A transient error has occurred. Please try again.","error_codes":[90033]}"#)));
     std::thread::sleep(Duration::from_millis(8_500));

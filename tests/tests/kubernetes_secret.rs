@@ -36,6 +36,11 @@ fn hub_with(api: FakeKubeApi, extra: &str) -> Hub {
 
 /// Like [`hub_with`], with extra environment for the broker.
 fn hub_env(api: FakeKubeApi, extra: &str, env: &[(&str, &str)]) -> Hub {
+    hub_allowing(api, extra, "{}", env)
+}
+
+/// Like [`hub_env`], with the provider's `allowOverrides` (a flow mapping).
+fn hub_allowing(api: FakeKubeApi, extra: &str, allow: &str, env: &[(&str, &str)]) -> Hub {
     let dir = tempdir();
     let kubeconfig: PathBuf = dir.path().join("hub.kubeconfig");
     api.write_kubeconfig(&kubeconfig, HUB_TOKEN);
@@ -45,7 +50,7 @@ fn hub_env(api: FakeKubeApi, extra: &str, env: &[(&str, &str)]) -> Hub {
         format!(", {extra}")
     };
     let provider = format!(
-        "  - name: secrets\n    type: kubernetesSecret\n    kubernetesSecret: {{namespace: {NAMESPACE}, kubeconfig: {}{extra}}}\n",
+        "  - name: secrets\n    type: kubernetesSecret\n    allowOverrides: {allow}\n    kubernetesSecret: {{namespace: {NAMESPACE}, kubeconfig: {}{extra}}}\n",
         yaml_str(kubeconfig.to_str().expect("UTF-8 path"))
     );
     let broker = Broker::start_with(&config_yaml(&[provider]), &[], env);
@@ -287,10 +292,15 @@ fn kubeconfig_format_with_a_token_and_with_a_client_certificate() {
         )],
     );
     api.put_secret("broken", &[], &[("kubeconfig", b"users: [ {token: nope")]);
-    let hub = hub_with(api, "format: kubeconfig, key: kubeconfig");
+    let hub = hub_allowing(
+        api,
+        "format: kubeconfig, key: kubeconfig",
+        "{context: [viewer]}",
+        &[("RUST_LOG", "info")],
+    );
 
     assert_eq!(hub.token("tokened"), "tok-admin");
-    // The cluster's exec config may name another context.
+    // The cluster's exec config may name another context, when allowOverrides lets it.
     let out = hub.shim(json!({"clusterName": "tokened", "context": "viewer"}));
     assert_eq!(assert_credential(&out, V1).token, "tok-viewer");
 

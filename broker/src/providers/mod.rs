@@ -24,6 +24,7 @@ pub mod gcp;
 pub mod jwt;
 #[cfg(feature = "kubernetes-secret")]
 pub mod kubernetes_secret;
+pub mod overrides;
 pub mod unbuilt;
 
 /// A boxed future, so providers stay object-safe behind `Arc<dyn Provider>`.
