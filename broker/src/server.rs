@@ -79,7 +79,9 @@ fn cache_code(e: &CacheError) -> Code {
         },
         CacheError::BackingOff { last, .. } => cache_code(last),
         CacheError::UpstreamTimeout(_) => Code::DeadlineExceeded,
-        CacheError::Expired => Code::Unavailable,
+        CacheError::Expired | CacheError::ExpiresTooSoon(_) | CacheError::Busy { .. } => {
+            Code::Unavailable
+        }
         CacheError::Internal(_) => Code::Internal,
     }
 }
@@ -191,6 +193,7 @@ impl Broker {
             max_entries: config.cache.max_entries,
             idle_timeout: config.cache.idle_timeout.0,
             upstream_timeout: UPSTREAM_TIMEOUT,
+            max_concurrent_fetches: config.cache.max_concurrent_fetches,
         })
         .with_observer(telemetry);
         Self {
@@ -597,9 +600,10 @@ async fn reload_on_sighup(broker: Arc<Broker>, mut current: Config, path: Option
                 next.socket.path != current.socket.path || next.socket.mode != current.socket.mode,
             ),
             (
-                "cache.maxEntries and cache.idleTimeout",
+                "cache.maxEntries, cache.idleTimeout and cache.maxConcurrentFetches",
                 next.cache.max_entries != current.cache.max_entries
-                    || next.cache.idle_timeout != current.cache.idle_timeout,
+                    || next.cache.idle_timeout != current.cache.idle_timeout
+                    || next.cache.max_concurrent_fetches != current.cache.max_concurrent_fetches,
             ),
             (
                 "metrics.address",
