@@ -2,10 +2,19 @@
 //! expiry in the background, one upstream call for any number of concurrent misses, stale
 //! credentials served through upstream outages (never past expiry), and per-entry backoff.
 //!
+//! The bound (`cache.maxEntries`) is on entries that hold a credential: only a fetch that
+//! succeeds can push another credential out (the least recently used). Entries still fetching
+//! their first credential do not count, and entries that hold only a failure (backoff state,
+//! the last error) live under their own small bound, [`MAX_REMEMBERED_FAILURES`]. Upstream
+//! calls run through a per-provider gate of `cache.maxConcurrentFetches` permits, whether a
+//! caller, a background refresh or an operator started them; a caller that joins a fetch
+//! already running takes no permit.
+//!
 //! Time comes from `tokio::time::Instant`, so every rule is tested on paused time.
 //! Expiries arrive as wall-clock times from providers and are converted to `Instant`s once,
 //! when the credential is stored.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -13,6 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt as _;
 use futures_util::future::Shared;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::providers::{BoxFuture, Credential, Provider, ProviderError};
@@ -40,6 +50,19 @@ pub const BACKOFF_JITTER: f64 = 0.2;
 /// Twice the shim's default wait: a slow upstream still fills the cache for the next caller,
 /// a stuck one frees its entry for a new attempt.
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
+/// No credential is scheduled as living longer than this, whatever its expiry says (a JWT
+/// `exp` in the year 9999, a plugin's far-off `expirationTimestamp`): it is refreshed by half
+/// of it and served at most until then. A day is longer than any cloud token (Azure managed
+/// identity tokens, the longest, live 24 h), so real tokens keep their own schedule; for
+/// longer-lived ones the only cost is reading the source again once or twice a day.
+pub const MAX_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+/// Identities whose last fetch failed and that hold no credential (their backoff and last
+/// error) are remembered up to this many; past it the least recently asked quarter is
+/// forgotten (they fetch again at their next call, without backoff). Enough to back off every
+/// cluster of a 1 000-cluster fleet cold-started during an outage; at a few hundred bytes
+/// each, well under a MiB. Kept apart from `cache.maxEntries`, so failures never push a
+/// held credential out.
+pub const MAX_REMEMBERED_FAILURES: usize = 1024;
 
 /// Which credential an entry holds: the provider's name and the identity it derived.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -65,8 +88,9 @@ pub enum Outcome {
 #[derive(Debug, Clone)]
 pub struct Served {
     pub credential: Credential,
-    /// Always in the future and at least [`STALE_MARGIN`] (or a quarter of the lifetime)
-    /// before the credential's real expiry.
+    /// A whole second (client-go's precision), always in the future and strictly before
+    /// the credential's real expiry: the refresh time (rounded up), or past it the end of
+    /// the serving window ([`STALE_MARGIN`], or a quarter of the lifetime, before expiry).
     pub come_back: SystemTime,
     pub outcome: Outcome,
 }
@@ -86,6 +110,19 @@ pub enum CacheError {
     UpstreamTimeout(Duration),
     #[error("upstream returned a credential that has already expired")]
     Expired,
+    /// Callers get whole seconds to come back at (client-go's `expirationTimestamp`); a
+    /// credential with no whole second left before its expiry cannot be handed out.
+    #[error(
+        "upstream returned a credential that expires in {}ms, too soon to hand out (a caller needs a whole second before expiry)",
+        .0.as_millis()
+    )]
+    ExpiresTooSoon(Duration),
+    /// Every upstream permit of the provider stayed taken while this fetch queued.
+    #[error(
+        "all {limit} upstream calls this provider may run at once (cache.maxConcurrentFetches) stayed busy for {}s; try again later, or raise the limit if the upstream takes more",
+        waited.as_secs()
+    )]
+    Busy { limit: usize, waited: Duration },
     #[error("the upstream call failed unexpectedly: {0}")]
     Internal(String),
 }
@@ -96,7 +133,11 @@ impl CacheError {
         match self {
             Self::Provider(e) => e.is_transient(),
             Self::BackingOff { last, .. } => last.is_transient(),
-            Self::UpstreamTimeout(_) | Self::Expired | Self::Internal(_) => true,
+            Self::UpstreamTimeout(_)
+            | Self::Expired
+            | Self::ExpiresTooSoon(_)
+            | Self::Busy { .. }
+            | Self::Internal(_) => true,
         }
     }
 }
@@ -108,9 +149,13 @@ pub const LISTED_CLUSTERS: usize = 32;
 /// Tunables, from the `cache` section of the config.
 #[derive(Debug, Clone)]
 pub struct CacheSettings {
+    /// Entries holding a credential.
     pub max_entries: u64,
     pub idle_timeout: Duration,
+    /// Bounds an upstream call, and separately its wait for a permit.
     pub upstream_timeout: Duration,
+    /// Upstream calls each provider may run at once.
+    pub max_concurrent_fetches: usize,
 }
 
 /// Told about every upstream call the cache makes (metrics, provider health).
@@ -167,17 +212,107 @@ impl EntryState {
 
 /// The cache. Cheap to share behind an `Arc`.
 pub struct Cache {
-    slots: moka::sync::Cache<CacheKey, Arc<Slot>>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    table: Mutex<Table>,
     settings: CacheSettings,
     observer: Option<Arc<dyn CacheObserver>>,
+    /// One gate per provider name (only configured names reach the cache).
+    gates: Mutex<HashMap<Arc<str>, Arc<Semaphore>>>,
 }
 
 impl fmt::Debug for Cache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cache")
-            .field("entries", &self.slots.entry_count())
-            .field("settings", &self.settings)
+            .field("entries", &self.inner.table().slots.len())
+            .field("settings", &self.inner.settings)
             .finish()
+    }
+}
+
+/// What an entry holds decides which bound it counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// A credential (servable or not yet cleared): bounded by `maxEntries`.
+    Held,
+    /// No credential, its first fetch running: bounded by the fetch gate and its timeouts.
+    Pending,
+    /// No credential, no fetch: only a failure (backoff, last error) to remember.
+    Failed,
+}
+
+impl Class {
+    const ALL: usize = 3;
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+struct Placed {
+    class: Class,
+    slot: Arc<Slot>,
+}
+
+/// Every entry, and how many of each class, kept in step under one lock. Lock order: the
+/// table, then a slot; never a slot, then the table.
+#[derive(Default)]
+struct Table {
+    slots: HashMap<CacheKey, Placed>,
+    counts: [usize; Class::ALL],
+}
+
+impl Table {
+    fn remove(&mut self, key: &CacheKey) -> Option<Placed> {
+        let placed = self.slots.remove(key)?;
+        self.counts[placed.class.index()] -= 1;
+        Some(placed)
+    }
+
+    /// Makes room after a credential came in: drops the least recently used entry that holds
+    /// one and is not fetching, those that can no longer be served first. Never `keep`.
+    fn evict_held(&mut self, max: u64, keep: &CacheKey, now: Instant) {
+        while u64::try_from(self.counts[Class::Held.index()]).unwrap_or(u64::MAX) > max {
+            let victim = self
+                .slots
+                .iter()
+                .filter(|(key, placed)| placed.class == Class::Held && *key != keep)
+                .filter_map(|(key, placed)| {
+                    let st = placed.slot.lock();
+                    let servable = st.current.as_ref().is_some_and(|f| now < f.serve_until);
+                    st.inflight
+                        .is_none()
+                        .then(|| ((servable, st.last_access), key))
+                })
+                .min_by_key(|(rank, _)| *rank)
+                .map(|(_, key)| key.clone());
+            let Some(victim) = victim else { return };
+            self.remove(&victim);
+        }
+    }
+
+    /// Forgets the least recently asked quarter of the remembered failures once there are
+    /// more than [`MAX_REMEMBERED_FAILURES`] (a batch, so a flood of failures costs one scan
+    /// per quarter of the bound).
+    fn evict_failed(&mut self) {
+        if self.counts[Class::Failed.index()] <= MAX_REMEMBERED_FAILURES {
+            return;
+        }
+        let mut failed: Vec<(Option<Instant>, CacheKey)> = self
+            .slots
+            .iter()
+            .filter(|(_, placed)| placed.class == Class::Failed)
+            .filter_map(|(key, placed)| {
+                let st = placed.slot.lock();
+                st.inflight.is_none().then(|| (st.last_access, key.clone()))
+            })
+            .collect();
+        failed.sort_unstable_by_key(|(at, _)| *at);
+        let excess = self.counts[Class::Failed.index()] - MAX_REMEMBERED_FAILURES * 3 / 4;
+        for (_, key) in failed.into_iter().take(excess) {
+            self.remove(&key);
+        }
     }
 }
 
@@ -208,6 +343,16 @@ struct State {
 }
 
 impl State {
+    fn class(&self) -> Class {
+        if self.current.is_some() {
+            Class::Held
+        } else if self.inflight.is_some() {
+            Class::Pending
+        } else {
+            Class::Failed
+        }
+    }
+
     fn note_request(&mut self, req: &TokenRequest) {
         let label = req.cluster_label();
         if let Err(at) = self.clusters.binary_search(&label) {
@@ -228,23 +373,28 @@ struct Fresh {
     credential: Credential,
     refresh_at: Instant,
     serve_until: Instant,
+    /// The last whole second before the credential's expiry: no come-back time is later.
+    latest_come_back: SystemTime,
 }
 
 impl Cache {
     pub fn new(settings: CacheSettings) -> Self {
-        let slots = moka::sync::Cache::builder()
-            .max_capacity(settings.max_entries)
-            .build();
         Self {
-            slots,
-            settings,
-            observer: None,
+            inner: Arc::new(Inner {
+                table: Mutex::default(),
+                settings,
+                observer: None,
+                gates: Mutex::default(),
+            }),
         }
     }
 
-    /// Reports every upstream call to `observer`.
+    /// Reports every upstream call to `observer`. Call before sharing the cache.
     pub fn with_observer(mut self, observer: Arc<dyn CacheObserver>) -> Self {
-        self.observer = Some(observer);
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.observer = Some(observer),
+            None => tracing::error!("Cache::with_observer called on a shared cache; ignored"),
+        }
         self
     }
 
@@ -256,8 +406,8 @@ impl Cache {
         provider: &Arc<dyn Provider>,
         req: &TokenRequest,
     ) -> Result<Served, CacheError> {
-        let slot = self.slots.get_with(key, || Arc::new(Slot::default()));
-        let (fetch, outcome) = {
+        let (slot, placed_as) = self.inner.slot_for(&key);
+        let (fetch, outcome, moved) = {
             let mut st = slot.lock();
             let now = Instant::now();
             st.last_access = Some(now);
@@ -270,38 +420,52 @@ impl Cache {
                     st.hits += 1;
                     if due && st.inflight.is_none() && may_retry {
                         // Refresh ahead in the background; this caller does not wait.
-                        drop(self.start_fetch(&slot, &mut st, provider, req, true));
+                        drop(self.start_fetch(&key, &slot, &mut st, provider, req, true));
                     }
                     return Ok(served);
                 }
                 st.current = None;
             }
-            if let Some(inflight) = &st.inflight {
+            let (fetch, outcome) = if let Some(inflight) = &st.inflight {
                 (inflight.clone(), Outcome::Joined)
             } else {
                 if let (Some(at), Some(last)) = (st.retry_at, &st.last_error)
                     && now < at
                 {
-                    return Err(CacheError::BackingOff {
+                    let err = CacheError::BackingOff {
                         last: Box::new(last.clone()),
                         retry_in: at - now,
-                    });
+                    };
+                    let moved = st.class() != placed_as;
+                    drop(st);
+                    if moved {
+                        self.inner.reclassify(&key, &slot);
+                    }
+                    return Err(err);
                 }
                 (
-                    self.start_fetch(&slot, &mut st, provider, req, false),
+                    self.start_fetch(&key, &slot, &mut st, provider, req, false),
                     Outcome::Miss,
                 )
-            }
+            };
+            (fetch, outcome, st.class() != placed_as)
         };
+        if moved {
+            // A remembered failure fetching again, or a credential gone while fetching anew.
+            self.inner.reclassify(&key, &slot);
+        }
         let mut served = fetch.await?;
         served.outcome = outcome;
         Ok(served)
     }
 
     /// Starts the one upstream call for a slot. It runs in its own task, so it completes
-    /// (and fills the cache) even when every caller waiting on it has given up.
+    /// (and fills the cache) even when every caller waiting on it has given up. It first
+    /// waits for one of the provider's permits (at most the upstream timeout), then the call
+    /// itself gets the upstream timeout.
     fn start_fetch(
         &self,
+        key: &CacheKey,
         slot: &Arc<Slot>,
         st: &mut State,
         provider: &Arc<dyn Provider>,
@@ -309,24 +473,39 @@ impl Cache {
         background: bool,
     ) -> Inflight {
         st.last_request = Some(StoredRequest::new(req));
+        let inner = Arc::clone(&self.inner);
+        let key = key.clone();
         let slot = Arc::clone(slot);
         let provider = Arc::clone(provider);
         let req = req.clone();
-        let timeout = self.settings.upstream_timeout;
-        let observer = self.observer.clone();
+        let gate = self.inner.gate(&key.provider);
         let task = tokio::spawn(async move {
+            let timeout = inner.settings.upstream_timeout;
+            let queued = Instant::now();
+            let permit = tokio::time::timeout(timeout, Arc::clone(&gate).acquire_owned()).await;
             let started = Instant::now();
-            let fetch = AssertUnwindSafe(provider.fetch(&req)).catch_unwind();
-            let result = match tokio::time::timeout(timeout, fetch).await {
-                Ok(Ok(result)) => result.map_err(CacheError::from),
-                Ok(Err(_panic)) => Err(CacheError::Internal(format!(
-                    "the {} provider panicked",
-                    provider.kind()
-                ))),
-                Err(_elapsed) => Err(CacheError::UpstreamTimeout(timeout)),
+            let result = match permit {
+                Ok(Ok(_permit)) => {
+                    let fetch = AssertUnwindSafe(provider.fetch(&req)).catch_unwind();
+                    match tokio::time::timeout(timeout, fetch).await {
+                        Ok(Ok(result)) => result.map_err(CacheError::from),
+                        Ok(Err(_panic)) => Err(CacheError::Internal(format!(
+                            "the {} provider panicked",
+                            provider.kind()
+                        ))),
+                        Err(_elapsed) => Err(CacheError::UpstreamTimeout(timeout)),
+                    }
+                    // The permit is released here, with the provider's future dropped.
+                }
+                Ok(Err(_closed)) => Err(CacheError::Internal("the fetch gate is closed".into())),
+                Err(_elapsed) => Err(CacheError::Busy {
+                    limit: inner.settings.max_concurrent_fetches,
+                    waited: queued.elapsed(),
+                }),
             };
             let served = slot.complete(result);
-            if let Some(observer) = observer {
+            inner.reclassify(&key, &slot);
+            if let Some(observer) = &inner.observer {
                 let outcome = served.as_ref().map(|_| ());
                 observer.upstream_call(&req.provider, started.elapsed(), outcome, background);
             }
@@ -344,28 +523,31 @@ impl Cache {
     /// Drops entries nobody asked for within the idle timeout; returns how many.
     pub fn sweep_idle(&self) -> usize {
         let now = Instant::now();
-        let idle = self.settings.idle_timeout;
-        let mut dropped = 0;
-        for (key, slot) in self.slots.iter() {
-            let st = slot.lock();
-            let is_idle = st.inflight.is_none()
-                && st
-                    .last_access
-                    .is_none_or(|at| now.saturating_duration_since(at) >= idle);
-            drop(st);
-            if is_idle {
-                self.slots.invalidate(&*key);
-                dropped += 1;
-            }
+        let idle = self.inner.settings.idle_timeout;
+        let mut table = self.inner.table();
+        let stale: Vec<CacheKey> = table
+            .slots
+            .iter()
+            .filter(|(_, placed)| {
+                let st = placed.slot.lock();
+                st.inflight.is_none()
+                    && st
+                        .last_access
+                        .is_none_or(|at| now.saturating_duration_since(at) >= idle)
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &stale {
+            table.remove(key);
         }
-        dropped
+        stale.len()
     }
 
     /// Runs [`Cache::sweep_idle`] periodically for as long as the cache lives.
     pub fn spawn_idle_sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         // Sweep a few times per idle period, at least every minute, at most every second.
-        let period =
-            (self.settings.idle_timeout / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+        let period = (self.inner.settings.idle_timeout / 4)
+            .clamp(Duration::from_secs(1), Duration::from_secs(60));
         let cache: Weak<Self> = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
@@ -382,9 +564,11 @@ impl Cache {
     pub fn entries(&self) -> Vec<EntryInfo> {
         let now = Instant::now();
         let mut out: Vec<EntryInfo> = self
+            .inner
+            .table()
             .slots
             .iter()
-            .map(|(key, slot)| slot.lock().info(CacheKey::clone(&key), now))
+            .map(|(key, placed)| placed.slot.lock().info(key.clone(), now))
             .collect();
         out.sort_by(|a, b| {
             (&a.key.provider, &a.key.identity).cmp(&(&b.key.provider, &b.key.identity))
@@ -394,57 +578,130 @@ impl Cache {
 
     /// The keys of the entries that match.
     pub fn keys(&self, matches: impl Fn(&CacheKey) -> bool) -> Vec<CacheKey> {
-        self.slots
-            .iter()
-            .filter(|(key, _)| matches(key))
-            .map(|(key, _)| CacheKey::clone(&key))
+        self.inner
+            .table()
+            .slots
+            .keys()
+            .filter(|key| matches(key))
+            .cloned()
             .collect()
     }
 
     /// Drops every entry whose key matches; returns how many.
     pub fn invalidate(&self, matches: impl Fn(&CacheKey) -> bool) -> usize {
-        let keys = self.keys(matches);
+        let mut table = self.inner.table();
+        let keys: Vec<CacheKey> = table.slots.keys().filter(|k| matches(k)).cloned().collect();
         for key in &keys {
-            self.slots.invalidate(key);
+            table.remove(key);
         }
         keys.len()
     }
 
     /// Fetches an entry anew now (joining a fetch already running), with the request that
-    /// last used it. Backoff does not apply: an operator asked for it.
+    /// last used it. Backoff does not apply: an operator asked for it. The fetch goes through
+    /// the provider's gate like any other.
     pub async fn refresh(
         &self,
         key: &CacheKey,
         provider: &Arc<dyn Provider>,
     ) -> Result<(), CacheError> {
-        let Some(slot) = self.slots.get(key) else {
+        let Some((slot, placed_as)) = self.inner.slot(key) else {
             return Err(CacheError::Internal(format!(
                 "no entry for provider {:?}, identity {:?}",
                 key.provider, key.identity
             )));
         };
-        let fetch = {
+        let (fetch, moved) = {
             let mut st = slot.lock();
-            match (
+            let fetch = match (
                 &st.inflight,
                 st.last_request.as_ref().map(StoredRequest::request),
             ) {
                 (Some(inflight), _) => inflight.clone(),
-                (None, Some(req)) => self.start_fetch(&slot, &mut st, provider, &req, true),
+                (None, Some(req)) => self.start_fetch(key, &slot, &mut st, provider, &req, true),
                 (None, None) => {
                     return Err(CacheError::Internal(
                         "the entry has never been asked for".into(),
                     ));
                 }
-            }
+            };
+            (fetch, st.class() != placed_as)
         };
+        if moved {
+            self.inner.reclassify(key, &slot);
+        }
         fetch.await.map(|_| ())
     }
 
-    /// Entries currently held (after pending evictions are applied).
+    /// Entries currently held: credentials, first fetches running, remembered failures.
     pub fn entry_count(&self) -> u64 {
-        self.slots.run_pending_tasks();
-        self.slots.entry_count()
+        u64::try_from(self.inner.table().slots.len()).unwrap_or(u64::MAX)
+    }
+}
+
+impl Inner {
+    fn table(&self) -> MutexGuard<'_, Table> {
+        // Every operation leaves the table consistent before it can panic (the counts are
+        // updated with the map), so keep serving.
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The entry for `key` and its class, if any.
+    fn slot(&self, key: &CacheKey) -> Option<(Arc<Slot>, Class)> {
+        let table = self.table();
+        let placed = table.slots.get(key)?;
+        Some((Arc::clone(&placed.slot), placed.class))
+    }
+
+    /// The entry for `key`, created empty (its first fetch is about to start) if missing.
+    fn slot_for(&self, key: &CacheKey) -> (Arc<Slot>, Class) {
+        let mut table = self.table();
+        if let Some(placed) = table.slots.get(key) {
+            return (Arc::clone(&placed.slot), placed.class);
+        }
+        let slot = Arc::new(Slot::default());
+        table.counts[Class::Pending.index()] += 1;
+        table.slots.insert(
+            key.clone(),
+            Placed {
+                class: Class::Pending,
+                slot: Arc::clone(&slot),
+            },
+        );
+        (slot, Class::Pending)
+    }
+
+    /// Files the entry under what it now holds, then applies the bounds. A slot that has
+    /// meanwhile been dropped or replaced (invalidated, evicted) is left alone.
+    fn reclassify(&self, key: &CacheKey, slot: &Arc<Slot>) {
+        let mut table = self.table();
+        let Some(placed) = table.slots.get_mut(key) else {
+            return;
+        };
+        if !Arc::ptr_eq(&placed.slot, slot) {
+            return;
+        }
+        let (was, now) = (placed.class, slot.lock().class());
+        placed.class = now;
+        table.counts[was.index()] -= 1;
+        table.counts[now.index()] += 1;
+        if now == Class::Held {
+            table.evict_held(self.settings.max_entries, key, Instant::now());
+        }
+        table.evict_failed();
+    }
+
+    /// The provider's gate, created with `maxConcurrentFetches` permits on first use.
+    fn gate(&self, provider: &Arc<str>) -> Arc<Semaphore> {
+        let mut gates = self.gates.lock().unwrap_or_else(PoisonError::into_inner);
+        let gate = gates.entry(Arc::clone(provider)).or_insert_with(|| {
+            Arc::new(Semaphore::new(
+                self.settings
+                    .max_concurrent_fetches
+                    .clamp(1, Semaphore::MAX_PERMITS),
+            ))
+        });
+        Arc::clone(gate)
     }
 }
 
@@ -517,34 +774,66 @@ impl Slot {
 
 impl Fresh {
     fn new(credential: Credential, now: Instant) -> Result<Self, CacheError> {
-        let lifetime = credential
+        let wall = SystemTime::now();
+        let remaining = credential
             .expires_at
-            .duration_since(SystemTime::now())
+            .duration_since(wall)
             .ok()
             .filter(|d| !d.is_zero())
             .ok_or(CacheError::Expired)?;
-        let (refresh_after, serve_for) = schedule(lifetime, fastrand::f64());
+        let latest_come_back = last_whole_second_before(credential.expires_at);
+        let to_latest = latest_come_back
+            .duration_since(wall)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or(CacheError::ExpiresTooSoon(remaining))?;
+        let (refresh_after, serve_for) = schedule(remaining.min(MAX_LIFETIME), fastrand::f64());
+        // Served only while a whole second before expiry is left to send as the come-back.
+        let serve_for = serve_for.min(to_latest);
         Ok(Self {
             credential,
-            refresh_at: now + refresh_after,
+            refresh_at: now + refresh_after.min(serve_for),
             serve_until: now + serve_for,
+            latest_come_back,
         })
     }
 
     /// Before the refresh time the caller comes back then, when a newer credential is due;
-    /// after it, at the end of the serving window.
+    /// after it, at the end of the serving window. Rounded up to a whole second, but never
+    /// past the last whole second before expiry.
     fn serve(&self, now: Instant, outcome: Outcome) -> Served {
-        let come_back = if now < self.refresh_at {
+        let target = if now < self.refresh_at {
             self.refresh_at
         } else {
             self.serve_until
         };
+        let at = SystemTime::now() + target.saturating_duration_since(now);
         Served {
             credential: self.credential.clone(),
-            come_back: SystemTime::now() + come_back.saturating_duration_since(now),
+            come_back: whole_second_at_or_after(at).min(self.latest_come_back),
             outcome,
         }
     }
+}
+
+/// The first whole second at or after `t` (client-go's `expirationTimestamp` has seconds).
+fn whole_second_at_or_after(t: SystemTime) -> SystemTime {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = since
+        .as_secs()
+        .saturating_add(u64::from(since.subsec_nanos() > 0));
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+/// The last whole second strictly before `t`.
+fn last_whole_second_before(t: SystemTime) -> SystemTime {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = if since.subsec_nanos() > 0 {
+        since.as_secs()
+    } else {
+        since.as_secs().saturating_sub(1)
+    };
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
 }
 
 /// When to refresh and how long to serve a credential of `lifetime`; `r` in [0, 1) picks

@@ -22,6 +22,16 @@ pub const DEFAULT_MAX_ENTRIES: u64 = 10_000;
 /// Longer than the longest cloud token lifetime we serve (AKS tokens live 60–90 min), so an
 /// entry that client-go still comes back to is not aged out between two of its visits.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(2 * 60 * 60);
+/// Upstream calls one provider may run at once, sized for the 2-core sidecar: a call is
+/// mostly waiting on the network (a Go plugin such as kubelogin uses ~50 ms of CPU in a
+/// ~250 ms run; cloud token endpoints answer in 100–300 ms), so 16 in flight keep about two
+/// cores busy at a plugin's start-up cost and ~100 fds, where 600 cold clusters used to start
+/// 600 plugins at once. 1 000 cold clusters at 250 ms a call are served in about 16 s, inside
+/// the shim's 30 s `--timeout`.
+pub const DEFAULT_MAX_CONCURRENT_FETCHES: usize = 16;
+/// Above this the cap stops meaning anything: each exec fetch holds a process and its pipes,
+/// and 4 096 is already eight times a common soft fd limit.
+pub const MAX_CONCURRENT_FETCHES_CEILING: usize = 4096;
 /// client-go's own default wait for an exec plugin is none; 30 s matches the shim's default
 /// `--timeout`, so a wrapped plugin never outlives the caller waiting for it.
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -279,6 +289,9 @@ pub struct CacheConfig {
     pub max_entries: u64,
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout: ConfigDuration,
+    /// Per provider: callers, background refreshes and AdminService refreshes share it.
+    #[serde(default = "default_max_concurrent_fetches")]
+    pub max_concurrent_fetches: usize,
 }
 
 impl Default for CacheConfig {
@@ -286,12 +299,16 @@ impl Default for CacheConfig {
         Self {
             max_entries: DEFAULT_MAX_ENTRIES,
             idle_timeout: default_idle_timeout(),
+            max_concurrent_fetches: DEFAULT_MAX_CONCURRENT_FETCHES,
         }
     }
 }
 
 fn default_max_entries() -> u64 {
     DEFAULT_MAX_ENTRIES
+}
+fn default_max_concurrent_fetches() -> usize {
+    DEFAULT_MAX_CONCURRENT_FETCHES
 }
 fn default_idle_timeout() -> ConfigDuration {
     ConfigDuration(DEFAULT_IDLE_TIMEOUT)
@@ -1224,6 +1241,15 @@ impl Config {
         if self.cache.max_entries == 0 {
             return Err(("cache.maxEntries".into(), "must be at least 1".into()));
         }
+        if !(1..=MAX_CONCURRENT_FETCHES_CEILING).contains(&self.cache.max_concurrent_fetches) {
+            return Err((
+                "cache.maxConcurrentFetches".into(),
+                format!(
+                    "must be between 1 and {MAX_CONCURRENT_FETCHES_CEILING} (upstream calls per provider at once), got {}",
+                    self.cache.max_concurrent_fetches
+                ),
+            ));
+        }
         if self.rate_limit.per_second == 0 {
             return Err(("rateLimit.perSecond".into(), "must be at least 1".into()));
         }
@@ -1670,6 +1696,10 @@ mod tests {
         let config = Config::parse(EXEC, "t").unwrap();
         assert_eq!(config.socket.mode, FileMode(0o660));
         assert_eq!(config.cache.max_entries, DEFAULT_MAX_ENTRIES);
+        assert_eq!(
+            config.cache.max_concurrent_fetches,
+            DEFAULT_MAX_CONCURRENT_FETCHES
+        );
         let exec = config.providers[0].exec.as_ref().unwrap();
         assert_eq!(exec.timeout.0, DEFAULT_EXEC_TIMEOUT);
         assert_eq!(exec.api_version, EXEC_API_V1);
@@ -1679,7 +1709,7 @@ mod tests {
     fn full_example_parses() {
         let text = r#"
 socket: {path: /run/cb.sock, mode: "0600", allowedUids: [65532]}
-cache: {maxEntries: 5, idleTimeout: 30m}
+cache: {maxEntries: 5, idleTimeout: 30m, maxConcurrentFetches: 4}
 metrics: {address: "0.0.0.0:9090"}
 providers:
   - name: eks
@@ -1706,6 +1736,7 @@ providers:
         assert_eq!(unquoted.socket.mode, FileMode(0o640));
         assert_eq!(config.socket.allowed_uids, Some(vec![65532]));
         assert_eq!(config.cache.idle_timeout.0, Duration::from_secs(1800));
+        assert_eq!(config.cache.max_concurrent_fetches, 4);
         assert_eq!(config.providers.len(), 5);
         assert_eq!(
             config.providers[3].exec.as_ref().unwrap().timeout.0,
@@ -1790,6 +1821,14 @@ providers:
             ),
             ("socket: {path: /a, mode: 660}\n", "quoted octal string"),
             ("cache: {maxEntries: 0}\n", "cache.maxEntries"),
+            (
+                "cache: {maxConcurrentFetches: 0}\n",
+                "cache.maxConcurrentFetches: must be between 1 and 4096",
+            ),
+            (
+                "cache: {maxConcurrentFetches: 5000}\n",
+                "cache.maxConcurrentFetches: must be between 1 and 4096",
+            ),
             (
                 "rateLimit: {perSecond: 0}\n",
                 "rateLimit.perSecond: must be at least 1",

@@ -115,7 +115,9 @@ fn cache_code(e: &CacheError) -> Code {
         },
         CacheError::BackingOff { last, .. } => cache_code(last),
         CacheError::UpstreamTimeout(_) => Code::DeadlineExceeded,
-        CacheError::Expired => Code::Unavailable,
+        CacheError::Expired | CacheError::ExpiresTooSoon(_) | CacheError::Busy { .. } => {
+            Code::Unavailable
+        }
         CacheError::Internal(_) => Code::Internal,
     }
 }
@@ -229,6 +231,7 @@ impl Broker {
             max_entries: config.cache.max_entries,
             idle_timeout: config.cache.idle_timeout.0,
             upstream_timeout: UPSTREAM_TIMEOUT,
+            max_concurrent_fetches: config.cache.max_concurrent_fetches,
         })
         .with_observer(telemetry);
         Self {
@@ -699,9 +702,10 @@ fn restart_only_changes(running: &Config, next: &Config) -> Vec<&'static str> {
             next.socket.path != running.socket.path || next.socket.mode != running.socket.mode,
         ),
         (
-            "cache.maxEntries and cache.idleTimeout",
+            "cache.maxEntries, cache.idleTimeout and cache.maxConcurrentFetches",
             next.cache.max_entries != running.cache.max_entries
-                || next.cache.idle_timeout != running.cache.idle_timeout,
+                || next.cache.idle_timeout != running.cache.idle_timeout
+                || next.cache.max_concurrent_fetches != running.cache.max_concurrent_fetches,
         ),
         (
             "metrics.address",

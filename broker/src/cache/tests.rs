@@ -15,6 +15,7 @@ fn settings() -> CacheSettings {
         max_entries: 100,
         idle_timeout: 2 * HOUR,
         upstream_timeout: UPSTREAM_TIMEOUT,
+        max_concurrent_fetches: crate::config::DEFAULT_MAX_CONCURRENT_FETCHES,
     }
 }
 
@@ -200,7 +201,11 @@ async fn come_back_time_is_in_the_future_and_before_expiry() {
     tokio::time::advance(40 * MIN).await;
     let stale = get(&cache, &p, "a").await.unwrap();
     let until = stale.come_back.duration_since(SystemTime::now()).unwrap();
-    assert!(until > Duration::ZERO && until <= 19 * MIN, "{until:?}");
+    // (Up to a second later: come-back times are whole seconds.)
+    assert!(
+        until > Duration::ZERO && until <= 19 * MIN + Duration::from_secs(1),
+        "{until:?}"
+    );
     assert!(stale.come_back < served.credential.expires_at - STALE_MARGIN + Duration::from_secs(1));
 }
 
@@ -587,4 +592,251 @@ fn clusters_are_listed_sorted_once_and_counted_past_the_limit() {
         "the first {LISTED_CLUSTERS} seen, sorted"
     );
     assert_eq!(st.more_clusters, 8, "repeats are not counted again");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_never_evict_a_held_credential() {
+    // maxEntries 100, one cached token, then 1 000 lookups that fail (issue 12, item 3).
+    let (cache, fake, p) = setup(HOUR);
+    get(&cache, &p, "held").await.unwrap();
+    fake.fail_with(Some(ProviderError::NotFound(
+        "token file is missing".into(),
+    )));
+    for i in 0..1000 {
+        assert!(get(&cache, &p, &format!("missing-{i}")).await.is_err());
+    }
+    // Transient failures (remembered for their backoff) and a flood of them in flight at once.
+    fake.fail_with(Some(ProviderError::Unavailable("down".into())));
+    for i in 0..1000 {
+        assert!(get(&cache, &p, &format!("down-{i}")).await.is_err());
+    }
+    fake.set_delay(Duration::from_secs(1));
+    let flood: Vec<_> = (0..1000)
+        .map(|i| {
+            let (cache, p) = (cache.clone(), p.clone());
+            tokio::spawn(async move { get(&cache, &p, &format!("flood-{i}")).await })
+        })
+        .collect();
+    for task in flood {
+        assert!(task.await.unwrap().is_err());
+    }
+    cache.entry_count();
+    let served = get(&cache, &p, "held").await.unwrap();
+    assert_eq!(
+        (token(&served), served.outcome),
+        ("fake-held-1", Outcome::Hit)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn absurd_lifetimes_are_scheduled_as_the_maximum() {
+    // An expiry centuries away (a JWT exp of 5e18 s got this far) is served, but the caller
+    // comes back within the maximum lifetime and the broker fetches again by then.
+    let (cache, fake, p) = setup(HOUR);
+    fake.set_expires_at(Some(
+        SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_799),
+    ));
+    let served = get(&cache, &p, "a").await.unwrap();
+    let until = served.come_back.duration_since(SystemTime::now()).unwrap();
+    assert!(
+        until <= 24 * HOUR * 6 / 10 + Duration::from_secs(1),
+        "{until:?}"
+    );
+    tokio::time::advance(24 * HOUR).await;
+    get(&cache, &p, "a").await.unwrap();
+    settle().await;
+    assert_eq!(fake.calls(), 2);
+}
+
+/// client-go's expirationTimestamp has whole seconds: what the server sends.
+fn on_the_wire(t: SystemTime) -> SystemTime {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap();
+    SystemTime::UNIX_EPOCH
+        + Duration::from_secs(since.as_secs() + u64::from(since.subsec_nanos() > 0))
+}
+
+#[tokio::test(start_paused = true)]
+async fn come_back_is_a_future_whole_second_strictly_before_expiry() {
+    // Short tokens whose exp is a whole second (every JWT): the come-back time rounded to
+    // client-go's whole seconds used to land on the expiry itself.
+    let (cache, fake, p) = setup(HOUR);
+    let mut served_any = 0;
+    for tenths in 11..=45 {
+        for round in 0..20 {
+            let now = SystemTime::now();
+            let exp = on_the_wire(now + Duration::from_millis(tenths * 100));
+            fake.set_expires_at(Some(exp));
+            let cluster = format!("c{tenths}-{round}");
+            match get(&cache, &p, &cluster).await {
+                Ok(served) => {
+                    served_any += 1;
+                    let wire = on_the_wire(served.come_back);
+                    assert!(
+                        wire > now && wire < exp,
+                        "{tenths}00 ms: come back {wire:?}, expiry {exp:?}"
+                    );
+                    assert_eq!(wire, served.come_back, "already a whole second");
+                }
+                Err(e) => {
+                    // Only when no whole second is left between now and the expiry.
+                    assert!(
+                        exp.duration_since(now).unwrap() <= Duration::from_secs(2),
+                        "{tenths}00 ms: {e}"
+                    );
+                    assert!(matches!(e, CacheError::ExpiresTooSoon(_)), "{e:?}");
+                }
+            }
+        }
+    }
+    assert!(served_any > 600, "{served_any}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn remembered_failures_have_their_own_bound() {
+    let (cache, fake, p) = setup(HOUR);
+    fake.fail_with(Some(ProviderError::Unavailable("down".into())));
+    for i in 0..3 * MAX_REMEMBERED_FAILURES {
+        assert!(get(&cache, &p, &format!("down-{i}")).await.is_err());
+    }
+    let count = usize::try_from(cache.entry_count()).unwrap();
+    assert!(count <= MAX_REMEMBERED_FAILURES, "{count}");
+    // The most recent ones are still remembered, with their backoff.
+    let calls = fake.calls();
+    let err = get(
+        &cache,
+        &p,
+        &format!("down-{}", 3 * MAX_REMEMBERED_FAILURES - 1),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, CacheError::BackingOff { .. }), "{err:?}");
+    assert_eq!(fake.calls(), calls);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_credential_evicts_the_least_recently_used_one() {
+    let fake = Arc::new(FakeProvider::new(HOUR));
+    let p: Arc<dyn Provider> = fake.clone();
+    let cache = Cache::new(CacheSettings {
+        max_entries: 3,
+        ..settings()
+    });
+    for c in ["a", "b", "c"] {
+        get(&cache, &p, c).await.unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    get(&cache, &p, "a").await.unwrap();
+    get(&cache, &p, "d").await.unwrap();
+    let held: Vec<String> = cache
+        .entries()
+        .into_iter()
+        .map(|e| e.key.identity)
+        .collect();
+    assert_eq!(held, ["a", "c", "d"]);
+}
+
+fn capped(cap: usize) -> (Arc<Cache>, Arc<FakeProvider>, Arc<dyn Provider>) {
+    let fake = Arc::new(FakeProvider::new(HOUR));
+    let provider: Arc<dyn Provider> = fake.clone();
+    let cache = Cache::new(CacheSettings {
+        max_entries: 10_000,
+        max_concurrent_fetches: cap,
+        ..settings()
+    });
+    (Arc::new(cache), fake, provider)
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_misses_on_distinct_keys_are_capped_per_provider() {
+    let (cache, fake, p) = capped(8);
+    fake.set_delay(Duration::from_millis(100));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..600)
+        .map(|i| {
+            let (cache, p) = (cache.clone(), p.clone());
+            tokio::spawn(async move { get(&cache, &p, &format!("c{i}")).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!((fake.calls(), fake.max_in_flight()), (600, 8));
+    // They queued: 600 / 8 rounds of 100 ms.
+    assert_eq!(started.elapsed(), Duration::from_millis(7500));
+}
+
+#[tokio::test(start_paused = true)]
+async fn joiners_take_no_permit_and_single_flight_holds() {
+    let (cache, fake, p) = capped(1);
+    fake.set_delay(Duration::from_secs(1));
+    let started = Instant::now();
+    let mut tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let (cache, p) = (cache.clone(), p.clone());
+            tokio::spawn(async move { get(&cache, &p, "a").await })
+        })
+        .collect();
+    let (c, q) = (cache.clone(), p.clone());
+    tasks.push(tokio::spawn(async move { get(&c, &q, "b").await }));
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!((fake.calls(), fake.max_in_flight()), (2, 1));
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(2),
+        "b waited for a only"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn refresh_all_and_background_refreshes_go_through_the_cap() {
+    let (cache, fake, p) = capped(4);
+    for i in 0..100 {
+        get(&cache, &p, &format!("c{i}")).await.unwrap();
+    }
+    fake.set_delay(Duration::from_millis(100));
+    // AdminService Refresh {all: true}: every entry at once.
+    let keys = cache.keys(|_| true);
+    let refreshes = keys.iter().map(|k| cache.refresh(k, &p));
+    for result in futures_util::future::join_all(refreshes).await {
+        result.unwrap();
+    }
+    assert_eq!((fake.calls(), fake.max_in_flight()), (200, 4));
+    // Refresh-ahead: every entry past its refresh time, hit at once.
+    tokio::time::advance(40 * MIN).await;
+    for i in 0..100 {
+        let served = get(&cache, &p, &format!("c{i}")).await.unwrap();
+        assert_eq!(served.outcome, Outcome::Stale);
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!((fake.calls(), fake.max_in_flight()), (300, 4));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_fetch_waits_at_most_the_upstream_timeout() {
+    let (cache, fake, p) = capped(1);
+    fake.set_delay(UPSTREAM_TIMEOUT - Duration::from_secs(1));
+    let tasks: Vec<_> = ["a", "b", "c"]
+        .into_iter()
+        .map(|c| {
+            let (cache, p) = (cache.clone(), p.clone());
+            tokio::spawn(async move { get(&cache, &p, c).await })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    // a runs at once, b gets the permit after 59 s; c would wait 118 s: it gives up at 60.
+    assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
+    let err = results[2].as_ref().unwrap_err();
+    assert!(matches!(err, CacheError::Busy { limit: 1, .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("cache.maxConcurrentFetches) stayed busy for 60s"),
+        "{err}"
+    );
+    assert!(err.is_transient());
+    assert_eq!(fake.calls(), 2);
 }

@@ -1,4 +1,5 @@
-//! A provider for tests: counts its calls, can be slowed down, and fails on demand.
+//! A provider for tests: counts its calls (and how many run at once), can be slowed down,
+//! and fails on demand.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,6 +13,8 @@ use super::{BoxFuture, Credential, Provider, ProviderError};
 #[derive(Debug)]
 pub struct FakeProvider {
     calls: AtomicUsize,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
     behaviour: Mutex<Behaviour>,
 }
 
@@ -19,7 +22,17 @@ pub struct FakeProvider {
 struct Behaviour {
     delay: Duration,
     ttl: Duration,
+    expires_at: Option<SystemTime>,
     failure: Option<ProviderError>,
+}
+
+/// Counts a fetch out of `in_flight` however it ends (completed, or dropped on a timeout).
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl FakeProvider {
@@ -27,9 +40,12 @@ impl FakeProvider {
     pub fn new(ttl: Duration) -> Self {
         Self {
             calls: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
             behaviour: Mutex::new(Behaviour {
                 delay: Duration::ZERO,
                 ttl,
+                expires_at: None,
                 failure: None,
             }),
         }
@@ -38,6 +54,16 @@ impl FakeProvider {
     /// How many times `fetch` has been called.
     pub fn calls(&self) -> usize {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// The most fetches that have run at the same time.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Every credential from now on expires at `at` (instead of `ttl` after its fetch).
+    pub fn set_expires_at(&self, at: Option<SystemTime>) {
+        self.lock().expires_at = at;
     }
 
     pub fn set_delay(&self, delay: Duration) {
@@ -77,6 +103,9 @@ impl Provider for FakeProvider {
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
         Box::pin(async move {
             let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let now_running = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            let _running = InFlight(&self.in_flight);
+            self.max_in_flight.fetch_max(now_running, Ordering::SeqCst);
             let behaviour = self.lock().clone();
             tokio::time::sleep(behaviour.delay).await;
             if let Some(error) = behaviour.failure {
@@ -85,7 +114,9 @@ impl Provider for FakeProvider {
             let identity = self.identity(req)?;
             Ok(Credential::token(
                 format!("fake-{identity}-{n}"),
-                SystemTime::now() + behaviour.ttl,
+                behaviour
+                    .expires_at
+                    .unwrap_or_else(|| SystemTime::now() + behaviour.ttl),
             ))
         })
     }
