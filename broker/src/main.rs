@@ -74,6 +74,9 @@ fn run(command: Command) -> Result<(), String> {
         }
         Command::CheckConfig { file } => {
             let config = Config::load(&file).map_err(|e| e.to_string())?;
+            if let Some(warning) = config.socket.open_to_everyone_warning() {
+                eprintln!("credbroker: warning: {warning}");
+            }
             let providers: Vec<String> = config
                 .providers
                 .iter()

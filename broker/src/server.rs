@@ -469,6 +469,9 @@ pub async fn serve(
     let broker = Arc::new(Broker::new(&config));
     let sweeper = broker.cache().spawn_idle_sweeper();
     let (listener, socket_guard) = socket::bind(&socket_path, config.socket.mode.0)?;
+    if let Some(warning) = config.socket.open_to_everyone_warning() {
+        tracing::warn!(socket = %socket_path.display(), "{warning}");
+    }
     let (health, health_service) = tonic_health::server::health_reporter();
     let (conn_tx, conn_rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
     let keeper = {
@@ -593,8 +596,10 @@ async fn reload_on_sighup(broker: Arc<Broker>, mut current: Config, path: Option
         };
         for (what, changed) in [
             (
-                "socket.path and socket.mode",
-                next.socket.path != current.socket.path || next.socket.mode != current.socket.mode,
+                "socket.path, socket.mode and socket.maxConnections",
+                next.socket.path != current.socket.path
+                    || next.socket.mode != current.socket.mode
+                    || next.socket.max_connections != current.socket.max_connections,
             ),
             (
                 "cache.maxEntries and cache.idleTimeout",
