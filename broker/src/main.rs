@@ -116,6 +116,14 @@ fn run(command: Command) -> Result<(), String> {
             log_format,
         } => {
             init_logging(log_format);
+            match credbroker::conn::raise_fd_limit() {
+                Ok(limit) => {
+                    tracing::debug!(limit, "open files limit (soft) raised to the hard limit")
+                }
+                Err(e) => tracing::warn!(
+                    "cannot raise the open files limit ({e}); keeping the current one"
+                ),
+            }
             let (config, config_path) = match config {
                 Some(file) => (Config::load(&file).map_err(|e| e.to_string())?, Some(file)),
                 None => (Config::embedded_default().map_err(|e| e.to_string())?, None),
