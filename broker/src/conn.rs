@@ -74,6 +74,10 @@ pub fn cap_for_fd_limit(wanted: usize, soft_fd_limit: u64) -> usize {
 pub struct ConnState {
     opened: Instant,
     handshaken: AtomicBool,
+    /// The broker found nothing to read before the handshake was done: the client is
+    /// waiting, not the broker. Only such connections are closed to make room while still in
+    /// their handshake: a real client's preface may sit unread for a while on a busy broker.
+    stalled: AtomicBool,
     in_flight: AtomicUsize,
     /// When a call last started or ended, in ms after `opened`.
     last_active_ms: AtomicU64,
@@ -86,6 +90,7 @@ impl ConnState {
         Self {
             opened: Instant::now(),
             handshaken: AtomicBool::new(false),
+            stalled: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             last_active_ms: AtomicU64::new(0),
             closed: AtomicBool::new(false),
@@ -203,7 +208,8 @@ impl ConnLimiter {
     }
 
     /// Takes a new connection under the cap. At the cap, the oldest connection with no call
-    /// in flight (one still in its handshake first) is closed to make room; when every
+    /// in flight is closed to make room (first one still in its handshake that the broker
+    /// has found waiting on its client, then the one idle longest); when every
     /// connection has a call in flight, the new one is refused (`None`: dropping it closes it).
     pub fn admit<S>(&self, stream: S) -> Option<Guarded<S>> {
         let state = Arc::new(ConnState::new());
@@ -218,7 +224,11 @@ impl ConnLimiter {
                 let victim = open
                     .iter()
                     .filter(|(_, c)| c.in_flight.load(Ordering::Acquire) == 0)
-                    .min_by_key(|(_, c)| (c.handshaken.load(Ordering::Acquire), c.last_active()))
+                    .min_by_key(|(_, c)| {
+                        let handshaken = c.handshaken.load(Ordering::Acquire);
+                        let stalled = c.stalled.load(Ordering::Acquire);
+                        (handshaken, !stalled, c.last_active())
+                    })
                     .map(|(id, _)| *id);
                 match victim.and_then(|id| open.remove(&id)) {
                     Some(victim) => {
@@ -315,13 +325,18 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if !this.state.handshaken.load(Ordering::Acquire) {
+                    this.state.stalled.store(false, Ordering::Release);
                     let new = buf.filled()[before..].to_vec();
                     this.saw(&new);
                 }
                 return Poll::Ready(Ok(()));
             }
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-            Poll::Pending => {}
+            Poll::Pending => {
+                if !this.state.handshaken.load(Ordering::Acquire) {
+                    this.state.stalled.store(true, Ordering::Release);
+                }
+            }
         }
         loop {
             if this.timer.as_mut().poll(cx).is_pending() {
@@ -540,6 +555,12 @@ mod tests {
             conns.push(limiter.admit(server).unwrap());
             tokio::time::advance(Duration::from_millis(10)).await;
         }
+        // Only a connection the broker has found waiting on its client counts as silent.
+        for conn in &mut conns {
+            let mut buf = [0u8; 1];
+            let read = tokio::time::timeout(Duration::from_millis(1), conn.read(&mut buf));
+            assert!(read.await.is_err(), "nothing to read yet");
+        }
         // The first has a call in flight, the other two are silent.
         let _call = conns[0].state().begin_call();
         let busy = conns.remove(0);
@@ -569,6 +590,34 @@ mod tests {
             limiter.admit(server).is_some(),
             "a closed connection frees its place"
         );
+    }
+
+    /// A real client's preface can sit unread on a busy broker: a connection not read yet is
+    /// not closed to make room while a stalled one exists, even a newer one.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_not_read_yet_outlives_a_stalled_one() {
+        let limiter = ConnLimiter::new("test", 2);
+        let (server, mut client) = UnixStream::pair().unwrap();
+        let unread = limiter.admit(server).unwrap();
+        client.write_all(PREFACE).await.unwrap();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let (server, _silent) = UnixStream::pair().unwrap();
+        let mut stalled = limiter.admit(server).unwrap();
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(1), stalled.read(&mut buf));
+        assert!(read.await.is_err());
+        let (server, _c) = UnixStream::pair().unwrap();
+        let _newest = limiter.admit(server).unwrap();
+        let (took, error) = read_until_closed(stalled).await;
+        assert_eq!(
+            (took, error),
+            (Duration::ZERO, None),
+            "the stalled one made room"
+        );
+        let mut unread = unread;
+        let mut got = [0u8; 24];
+        unread.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, PREFACE);
     }
 
     #[tokio::test(start_paused = true)]
