@@ -222,18 +222,31 @@ fn init_logging(format: LogFormat) {
 }
 
 /// Resolves on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
+/// Registers for SIGTERM and SIGINT at once (before the socket is bound), so a signal that
+/// arrives while the broker is still starting is a clean shutdown, not the default action
+/// (death, leaving the socket behind); the returned future resolves on the first of them.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        let wait = |registered: std::io::Result<tokio::signal::unix::Signal>,
+                    name: &'static str| async move {
+            match registered {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot listen for {name} ({e}); use another signal to stop the broker"
+                    );
+                    std::future::pending::<()>().await;
+                }
             }
-        }
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGTERM ({e}); only SIGINT stops the broker");
-            let _ = tokio::signal::ctrl_c().await;
+        };
+        tokio::select! {
+            () = wait(term, "SIGTERM") => {}
+            () = wait(int, "SIGINT") => {}
         }
     }
 }
