@@ -17,6 +17,14 @@ pub use yaml::{MAX_CONFIG_BYTES, MAX_EXPANDED_BYTES};
 pub const DEFAULT_SOCKET_PATH: &str = "/var/run/credbroker/broker.sock";
 /// Owner and group may connect: the manager and the sidecar share a group in the pod.
 pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
+/// Linux's `sockaddr_un.sun_path` is 108 bytes, the last one the terminating NUL; a longer
+/// path cannot be bound at all.
+pub const MAX_SOCKET_PATH_BYTES: usize = 107;
+/// Connections held open on the socket at once: a Kueue manager restarting with 1 000 worker
+/// clusters opens about 1 000 at once (one per shim), so twice that; well under the fd limit
+/// the broker raises itself to. At the cap, the oldest connection without a call in flight is
+/// closed to make room (see `conn.rs`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 2_048;
 /// The design's default bound. One entry is a few hundred bytes, so this is a few MiB at most.
 pub const DEFAULT_MAX_ENTRIES: u64 = 10_000;
 /// Longer than the longest cloud token lifetime we serve (AKS tokens live 60–90 min), so an
@@ -135,6 +143,27 @@ pub struct SocketConfig {
     /// Who may call AdminService; unset means the broker's own uid and root.
     #[serde(default)]
     pub admin_uids: Option<Vec<u32>>,
+    /// Cap on connections held open at once on the socket.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+}
+
+fn default_max_connections() -> usize {
+    DEFAULT_MAX_CONNECTIONS
+}
+
+impl SocketConfig {
+    /// A warning when `mode` lets every local user connect (o+w) and no allow list narrows
+    /// who gets tokens: then any process on the node may ask for any cluster's credential.
+    pub fn open_to_everyone_warning(&self) -> Option<String> {
+        let open = self.mode.0 & 0o002 != 0;
+        (open && self.allowed_uids.is_none() && self.allowed_gids.is_none()).then(|| {
+            format!(
+                "socket.mode {:04o} lets every local user connect and neither socket.allowedUids nor socket.allowedGids is set: any process on the node can get tokens; narrow socket.mode (e.g. \"0660\") or set an allow list",
+                self.mode.0
+            )
+        })
+    }
 }
 
 impl Default for SocketConfig {
@@ -145,6 +174,7 @@ impl Default for SocketConfig {
             allowed_uids: None,
             allowed_gids: None,
             admin_uids: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -1156,9 +1186,11 @@ impl<'de> Deserialize<'de> for FileMode {
                 "file mode must be a quoted octal string like \"0660\", got {value}"
             ))
         })?;
-        let digits = text.strip_prefix("0o").unwrap_or(text);
-        match u32::from_str_radix(digits, 8) {
-            Ok(mode) if !digits.is_empty() && mode <= 0o777 => Ok(Self(mode)),
+        // Octal digits only: `from_str_radix` alone would take "+660", and a "0o" prefix is
+        // Rust's spelling, not chmod's.
+        let octal = (1..=4).contains(&text.len()) && text.bytes().all(|b| matches!(b, b'0'..=b'7'));
+        match u32::from_str_radix(text, 8) {
+            Ok(mode) if octal && mode <= 0o777 => Ok(Self(mode)),
             _ => Err(serde::de::Error::custom(format!(
                 "invalid file mode {text:?}: expected octal permission bits from \"0000\" to \"0777\", like \"0660\""
             ))),
@@ -1237,6 +1269,18 @@ impl Config {
                 "socket.path".into(),
                 format!("must be an absolute path, got {:?}", self.socket.path),
             ));
+        }
+        let path_bytes = self.socket.path.as_os_str().len();
+        if path_bytes > MAX_SOCKET_PATH_BYTES {
+            return Err((
+                "socket.path".into(),
+                format!(
+                    "{path_bytes} bytes is longer than a Unix socket address allows ({MAX_SOCKET_PATH_BYTES}); choose a shorter path"
+                ),
+            ));
+        }
+        if self.socket.max_connections == 0 {
+            return Err(("socket.maxConnections".into(), "must be at least 1".into()));
         }
         if self.cache.max_entries == 0 {
             return Err(("cache.maxEntries".into(), "must be at least 1".into()));
@@ -1904,6 +1948,60 @@ providers:
             let e = err(text);
             assert!(e.contains(want), "{text:?}: got {e:?}, want {want:?}");
         }
+    }
+
+    #[test]
+    fn socket_path_length_and_mode_syntax_are_checked() {
+        for mode in ["+660", "0o660", "9999", "-0", " 660", "06600", "0x1b6", ""] {
+            let e = err(&format!("socket: {{path: /a, mode: \"{mode}\"}}\n{EXEC}"));
+            assert!(
+                e.contains("socket.mode: invalid file mode"),
+                "{mode:?}: {e}"
+            );
+        }
+        for (mode, bits) in [("0660", 0o660), ("660", 0o660), ("0600", 0o600), ("0", 0)] {
+            let c = Config::parse(
+                &format!("socket: {{path: /a, mode: \"{mode}\"}}\n{EXEC}"),
+                "t",
+            )
+            .unwrap();
+            assert_eq!(c.socket.mode, FileMode(bits), "{mode}");
+        }
+        // sun_path holds 108 bytes with the terminating NUL.
+        let longest = format!("/{}", "s".repeat(MAX_SOCKET_PATH_BYTES - 1));
+        let c = Config::parse(&format!("socket: {{path: {longest}}}\n{EXEC}"), "t").unwrap();
+        assert_eq!(c.socket.path.as_os_str().len(), 107);
+        let e = err(&format!("socket: {{path: {longest}x}}\n{EXEC}"));
+        assert!(
+            e.contains("socket.path: 108 bytes is longer than a Unix socket address allows (107)"),
+            "{e}"
+        );
+        let e = err(&format!("socket: {{maxConnections: 0}}\n{EXEC}"));
+        assert!(
+            e.contains("socket.maxConnections: must be at least 1"),
+            "{e}"
+        );
+        let c = Config::parse(EXEC, "t").unwrap();
+        assert_eq!(c.socket.max_connections, DEFAULT_MAX_CONNECTIONS);
+    }
+
+    #[test]
+    fn a_world_writable_socket_without_allow_lists_is_warned_about() {
+        let warning = |socket: &str| {
+            Config::parse(&format!("socket: {socket}\n{EXEC}"), "t")
+                .unwrap()
+                .socket
+                .open_to_everyone_warning()
+        };
+        let w = warning("{mode: \"0666\"}").unwrap();
+        assert!(
+            w.contains("socket.mode 0666") && w.contains("allowedUids"),
+            "{w}"
+        );
+        assert!(warning("{mode: \"0662\"}").is_some());
+        assert!(warning("{mode: \"0660\"}").is_none());
+        assert!(warning("{mode: \"0666\", allowedUids: [1000]}").is_none());
+        assert!(warning("{mode: \"0666\", allowedGids: [1000]}").is_none());
     }
 
     proptest::proptest! {

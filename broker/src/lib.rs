@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod cache;
 pub mod config;
+pub mod conn;
 pub mod metrics;
 pub mod providers;
 pub mod ratelimit;

@@ -74,6 +74,9 @@ fn run(command: Command) -> Result<(), String> {
         }
         Command::CheckConfig { file } => {
             let config = Config::load(&file).map_err(|e| e.to_string())?;
+            if let Some(warning) = config.socket.open_to_everyone_warning() {
+                eprintln!("credbroker: warning: {warning}");
+            }
             let providers: Vec<String> = config
                 .providers
                 .iter()
@@ -113,6 +116,14 @@ fn run(command: Command) -> Result<(), String> {
             log_format,
         } => {
             init_logging(log_format);
+            match credbroker::conn::raise_fd_limit() {
+                Ok(limit) => {
+                    tracing::debug!(limit, "open files limit (soft) raised to the hard limit")
+                }
+                Err(e) => tracing::warn!(
+                    "cannot raise the open files limit ({e}); keeping the current one"
+                ),
+            }
             let (config, config_path) = match config {
                 Some(file) => (Config::load(&file).map_err(|e| e.to_string())?, Some(file)),
                 None => (Config::embedded_default().map_err(|e| e.to_string())?, None),
@@ -217,18 +228,31 @@ fn init_logging(format: LogFormat) {
 }
 
 /// Resolves on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
+/// Registers for SIGTERM and SIGINT at once (before the socket is bound), so a signal that
+/// arrives while the broker is still starting is a clean shutdown, not the default action
+/// (death, leaving the socket behind); the returned future resolves on the first of them.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        let wait = |registered: std::io::Result<tokio::signal::unix::Signal>,
+                    name: &'static str| async move {
+            match registered {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot listen for {name} ({e}); use another signal to stop the broker"
+                    );
+                    std::future::pending::<()>().await;
+                }
             }
-        }
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGTERM ({e}); only SIGINT stops the broker");
-            let _ = tokio::signal::ctrl_c().await;
+        };
+        tokio::select! {
+            () = wait(term, "SIGTERM") => {}
+            () = wait(int, "SIGINT") => {}
         }
     }
 }

@@ -28,6 +28,13 @@ pub const UNKNOWN_PROVIDER: &str = "(unknown)";
 /// slow cloud endpoint near the 60 s upstream timeout).
 const LATENCY_BUCKET_START: f64 = 0.001;
 const LATENCY_BUCKET_COUNT: u16 = 16;
+/// A scraper must send its whole request header within this long, and a kept-alive
+/// connection waiting for its next request is closed after it: Prometheus sends its request
+/// at once, and reconnects for the next scrape (its default interval is 1 min) without a fuss.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Scrape connections held at once: one or two Prometheus servers and a curl need a handful;
+/// the metrics port shares the broker's fd table, so the rest are refused.
+pub const MAX_CONNECTIONS: usize = 64;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -206,14 +213,21 @@ pub async fn serve(
         .await
         .map_err(|source| MetricsError { address, source })?;
     tracing::info!(address = %listener.local_addr().unwrap_or(address), "metrics at /metrics");
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let cap_log = crate::conn::CapLog::new("metrics");
     Ok(tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 tokio::time::sleep(crate::socket::ACCEPT_ERROR_PAUSE).await;
                 continue;
             };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                cap_log.hit(MAX_CONNECTIONS, false);
+                continue; // dropping the stream closes it
+            };
             let (metrics, cache) = (metrics.clone(), cache.clone());
             tokio::spawn(async move {
+                let _slot = slot;
                 let service =
                     hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                         let response = if req.uri().path() == "/metrics" {
@@ -234,6 +248,8 @@ pub async fn serve(
                     });
                 let io = hyper_util::rt::TokioIo::new(stream);
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
                     .serve_connection(io, service)
                     .await;
             });

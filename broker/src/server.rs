@@ -11,6 +11,7 @@ use credbroker_proto::code_name;
 use credbroker_proto::v1::admin_service_server::AdminServiceServer;
 use credbroker_proto::v1::token_service_server::{TokenService, TokenServiceServer};
 use credbroker_proto::v1::{GetTokenRequest, GetTokenResponse};
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Code, Request, Response, Status};
@@ -21,6 +22,7 @@ use crate::cache::{
     Cache, CacheError, CacheKey, CacheObserver, CacheSettings, Served, UPSTREAM_TIMEOUT,
 };
 use crate::config::{Config, LimitsConfig, ProviderConfig};
+use crate::conn::{self, ActivityLayer, ConnLimiter};
 use crate::metrics::{self, Metrics, MetricsError};
 use crate::providers::overrides::{self, OverrideError};
 use crate::providers::{self, CredentialSecret, Provider, ProviderError};
@@ -43,6 +45,12 @@ const MAX_LOGGED_ERROR_CHARS: usize = 1024;
 /// Accepted connections waiting for the server: a Kueue restart opens a thousand at once,
 /// and the server takes them off this queue in microseconds.
 const ACCEPT_QUEUE: usize = 1024;
+/// HTTP/2 PINGs on a connection quiet for this long, to find peers that vanished without
+/// closing (a frozen process keeps its socket open): grpc-go's server pings every 2 h by
+/// default; a minute frees a dead peer's connection well within the idle timeout.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+/// A peer that does not answer a PING within this long is gone: grpc-go's default.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Why a `GetToken` call failed. Turned into a status in exactly one place, below.
 #[derive(Debug, thiserror::Error)]
@@ -541,6 +549,9 @@ pub async fn serve(
     let broker = Arc::new(Broker::new(&config));
     let sweeper = broker.cache().spawn_idle_sweeper();
     let (listener, socket_guard) = socket::bind(&socket_path, config.socket.mode.0)?;
+    if let Some(warning) = config.socket.open_to_everyone_warning() {
+        tracing::warn!(socket = %socket_path.display(), "{warning}");
+    }
     let (health, health_service) = tonic_health::server::health_reporter();
     let (conn_tx, conn_rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
     let keeper = {
@@ -589,8 +600,28 @@ pub async fn serve(
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
+    let cap = match conn::soft_fd_limit() {
+        Some(fds) => conn::cap_for_fd_limit(config.socket.max_connections, fds),
+        None => config.socket.max_connections,
+    };
+    if cap < config.socket.max_connections {
+        tracing::warn!(
+            configured = config.socket.max_connections,
+            cap,
+            "socket.maxConnections lowered to what the open files limit leaves room for; raise the limit (ulimit -n) to hold more"
+        );
+    }
+    let limiter = ConnLimiter::new("socket", cap);
+    let incoming = ReceiverStream::new(conn_rx).filter_map(move |accepted| match accepted {
+        Ok(stream) => limiter.admit(stream).map(Ok),
+        Err(e) => Some(Err(e)),
+    });
+
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .layer(ActivityLayer)
         .layer(RateLimitLayer::new(&config.rate_limit))
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -607,7 +638,7 @@ pub async fn serve(
                 .max_decoding_message_size(config.limits.max_request_bytes as usize),
             broker.clone(),
         ))
-        .serve_with_incoming_shutdown(ReceiverStream::new(conn_rx), async {
+        .serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         });
     let mut server = tokio::spawn(server);
@@ -698,8 +729,10 @@ async fn reload_on_sighup(broker: Arc<Broker>, running: Config, path: Option<Pat
 fn restart_only_changes(running: &Config, next: &Config) -> Vec<&'static str> {
     [
         (
-            "socket.path and socket.mode",
-            next.socket.path != running.socket.path || next.socket.mode != running.socket.mode,
+            "socket.path, socket.mode and socket.maxConnections",
+            next.socket.path != running.socket.path
+                || next.socket.mode != running.socket.mode
+                || next.socket.max_connections != running.socket.max_connections,
         ),
         (
             "cache.maxEntries, cache.idleTimeout and cache.maxConcurrentFetches",
@@ -994,11 +1027,11 @@ mod tests {
         // does (the running socket has the old mode); going back to the running mode does not.
         assert_eq!(
             restart_only_changes(&started, &changed),
-            ["socket.path and socket.mode"]
+            ["socket.path, socket.mode and socket.maxConnections"]
         );
         assert_eq!(
             restart_only_changes(&started, &changed),
-            ["socket.path and socket.mode"]
+            ["socket.path, socket.mode and socket.maxConnections"]
         );
         assert!(restart_only_changes(&started, &started).is_empty());
     }

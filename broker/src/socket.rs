@@ -2,10 +2,10 @@
 //! a stale socket, and removed on shutdown only if it is still ours.
 
 use std::io::ErrorKind;
-use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
+use std::os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use nix::sys::stat::{Mode, umask};
 use tokio::net::{UnixListener, UnixStream};
@@ -47,19 +47,17 @@ pub enum SocketError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot set mode {mode:04o} on {path}: {source}")]
-    Chmod {
-        path: PathBuf,
-        mode: u32,
-        source: std::io::Error,
-    },
+    #[error(
+        "{path} was replaced while the broker was creating its socket; check what else writes to that directory"
+    )]
+    Replaced { path: PathBuf },
 }
 
 /// Removes the socket file when dropped, if the file there is still the one we created.
 #[derive(Debug)]
 pub struct SocketGuard {
     path: PathBuf,
-    inode: (u64, u64, i64, i64),
+    inode: (u64, u64, Option<SystemTime>),
 }
 
 impl SocketGuard {
@@ -79,20 +77,40 @@ impl Drop for SocketGuard {
     }
 }
 
-/// Which file: inode numbers are reused at once on tmpfs, so the change time (set by our
-/// chmod, to the nanosecond) tells our socket from a later one at the same inode.
-fn identity(meta: &std::fs::Metadata) -> (u64, u64, i64, i64) {
-    (meta.dev(), meta.ino(), meta.ctime(), meta.ctime_nsec())
+/// Which file: device and inode. Not its mode or times, which anyone allowed to write the
+/// socket can change with `chmod` or `touch`. tmpfs reuses an inode number at once, so the
+/// creation time (statx btime, which neither of those can set) tells our socket from a later
+/// one at the same inode where the filesystem records it.
+fn identity(meta: &std::fs::Metadata) -> (u64, u64, Option<SystemTime>) {
+    (meta.dev(), meta.ino(), meta.created().ok())
 }
+
+/// Missing parents of the socket get rwxr-xr-x whatever the process umask (a umask of 000
+/// would otherwise make them world-writable, letting anyone swap the socket).
+const SOCKET_DIR_MODE: u32 = 0o755;
 
 /// Listens on `path` with permission bits `mode`. Creates the parent directory; replaces a
 /// socket only when nothing answers on it (a broker that crashed); refuses anything else.
 pub fn bind(path: &Path, mode: u32) -> Result<(UnixListener, SocketGuard), SocketError> {
+    bind_with(path, mode, |_| {})
+}
+
+/// [`bind`], with `after_bind` run right after the socket file is created: tests use it to
+/// swap the path under the broker at the worst moment.
+fn bind_with(
+    path: &Path,
+    mode: u32,
+    after_bind: impl FnOnce(&Path),
+) -> Result<(UnixListener, SocketGuard), SocketError> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| SocketError::CreateDir {
-            dir: dir.to_owned(),
-            source,
-        })?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(SOCKET_DIR_MODE)
+            .create(dir)
+            .map_err(|source| SocketError::CreateDir {
+                dir: dir.to_owned(),
+                source,
+            })?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
@@ -139,16 +157,18 @@ pub fn bind(path: &Path, mode: u32) -> Result<(UnixListener, SocketGuard), Socke
         path: path.to_owned(),
         source,
     })?;
-    let chmod_error = |source| SocketError::Chmod {
-        path: path.to_owned(),
-        mode,
-        source,
-    };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(chmod_error)?;
+    after_bind(path);
+    // No chmod: a chmod by path follows whatever is at the path by then (a symlink swapped
+    // in by someone who can write the directory would get the mode). The umask above set it.
     let meta = std::fs::symlink_metadata(path).map_err(|source| SocketError::Inspect {
         path: path.to_owned(),
         source,
     })?;
+    if !meta.file_type().is_socket() {
+        return Err(SocketError::Replaced {
+            path: path.to_owned(),
+        });
+    }
     let guard = SocketGuard {
         path: path.to_owned(),
         inode: identity(&meta),
@@ -159,6 +179,7 @@ pub fn bind(path: &Path, mode: u32) -> Result<(UnixListener, SocketGuard), Socke
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
 
     #[tokio::test]
     async fn creates_the_directory_and_applies_the_mode() {
@@ -229,6 +250,99 @@ mod tests {
         keeper.stop();
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!path.exists(), "stopping the keeper removes the socket");
+    }
+
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    }
+
+    /// Any caller allowed to write the socket can touch or chmod it: neither makes it
+    /// another socket.
+    #[tokio::test]
+    async fn touch_and_chmod_leave_the_socket_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.sock");
+        let (_listener, guard) = bind(&path, 0o660).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert!(guard.in_place(), "chmod made the socket look replaced");
+        nix::sys::stat::utimensat(
+            nix::fcntl::AT_FDCWD,
+            &path,
+            &nix::sys::time::TimeSpec::new(1, 0),
+            &nix::sys::time::TimeSpec::new(1, 0),
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+        .unwrap();
+        assert!(guard.in_place(), "touch made the socket look replaced");
+        drop(guard);
+        assert!(!path.exists(), "the guard still removes its socket");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_keeper_does_not_rebind_after_a_chmod() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.sock");
+        let (listener, guard) = bind(&path, 0o600).unwrap();
+        let before = std::fs::symlink_metadata(&path).unwrap().ino();
+        let (tx, _rx) = mpsc::channel(4);
+        let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = lost.clone();
+        let keeper = SocketKeeper::start(path.clone(), 0o600, listener, guard, tx, move |_| {
+            seen.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        tokio::time::sleep(SOCKET_CHECK_INTERVAL * 5).await;
+        assert_eq!(mode_of(&path), 0o640, "the keeper bound a new socket");
+        assert_eq!(std::fs::symlink_metadata(&path).unwrap().ino(), before);
+        assert!(!lost.load(std::sync::atomic::Ordering::SeqCst));
+        keeper.stop();
+        tokio::task::yield_now().await;
+        for _ in 0..100 {
+            if !path.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!path.exists(), "stopping the keeper removes the socket");
+    }
+
+    /// A symlink swapped in right after bind must not receive the socket's mode: the mode
+    /// comes from the umask at bind, and nothing is ever chmod-ed by path.
+    #[tokio::test]
+    async fn a_symlink_swapped_in_after_bind_is_never_chmod_ed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broker.sock");
+        let target = dir.path().join("precious");
+        std::fs::write(&target, "secret").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let swap = |p: &Path| {
+            std::fs::remove_file(p).unwrap();
+            std::os::unix::fs::symlink(&target, p).unwrap();
+        };
+        let err = bind_with(&path, 0o666, swap).unwrap_err();
+        assert!(matches!(err, SocketError::Replaced { .. }), "{err}");
+        assert_eq!(mode_of(&target), 0o600, "the symlink's target was chmod-ed");
+        assert!(
+            std::fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "the file someone else put there is left alone"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_mode_comes_from_bind_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        for mode in [0o600, 0o660, 0o666, 0o700] {
+            let path = dir.path().join(format!("{mode:o}.sock"));
+            let (_listener, _guard) = bind(&path, mode).unwrap();
+            assert_eq!(mode_of(&path), mode);
+        }
     }
 
     #[tokio::test]

@@ -363,19 +363,25 @@ impl Broker {
     pub fn start(config: &str) -> Broker {
         let dir = tempdir();
         let socket = dir.path().join("broker.sock");
-        Broker::start_in(dir, config, &socket, &[], &[])
+        Broker::start_in(dir, config, &socket, &[], &[], None)
     }
 
     /// Like [`Broker::start`], with `{socket}` replaced by `socket`.
     pub fn start_at(config: &str, socket: &Path) -> Broker {
-        Broker::start_in(tempdir(), config, socket, &[], &[])
+        Broker::start_in(tempdir(), config, socket, &[], &[], None)
+    }
+
+    /// Like [`Broker::start_at`], with the broker exec'd from `sh -c "<shell>; exec …"`, so
+    /// that `shell` can set what the broker inherits (e.g. `umask 000`, `ulimit -Sn 512`).
+    pub fn start_in_shell(config: &str, socket: &Path, shell: &str) -> Broker {
+        Broker::start_in(tempdir(), config, socket, &[], &[], Some(shell))
     }
 
     /// Like [`Broker::start`], with extra `serve` flags and environment variables.
     pub fn start_with(config: &str, args: &[&str], env: &[(&str, &str)]) -> Broker {
         let dir = tempdir();
         let socket = dir.path().join("broker.sock");
-        Broker::start_in(dir, config, &socket, args, env)
+        Broker::start_in(dir, config, &socket, args, env, None)
     }
 
     fn start_in(
@@ -384,13 +390,24 @@ impl Broker {
         socket: &Path,
         args: &[&str],
         env: &[(&str, &str)],
+        shell: Option<&str>,
     ) -> Broker {
         let config_path = dir.path().join("config.yaml");
         let text = config.replace("{socket}", socket.to_str().expect("UTF-8 socket path"));
         std::fs::write(&config_path, text).expect("write broker config");
         let log = dir.path().join("broker.log");
         let log_file = std::fs::File::create(&log).expect("create broker log");
-        let child = Command::new(bin(BROKER))
+        let mut command = match shell {
+            None => Command::new(bin(BROKER)),
+            Some(shell) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("{shell}; exec \"$0\" \"$@\""))
+                    .arg(bin(BROKER));
+                sh
+            }
+        };
+        let child = command
             .arg("serve")
             .arg("--config")
             .arg(&config_path)

@@ -104,7 +104,7 @@ fn restart_warnings_stay_until_the_restart_and_compare_with_the_running_config()
             broker.logs()
         );
     };
-    let warning = "changes to socket.path and socket.mode take effect at the next restart";
+    let warning = "changes to socket.path, socket.mode and socket.maxConnections take effect at the next restart";
     reload(&broker, &changed, 1);
     assert_eq!(logs_count(&broker, warning), 1);
     // The same file again: the running socket still has the old mode, so it still warns.

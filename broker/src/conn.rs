@@ -1,0 +1,638 @@
+//! Bounds on the connections the broker holds open. Anyone who can open the socket can open
+//! thousands of connections and send nothing; without bounds they exhaust the fd table and
+//! real callers (and the health probe) time out. Here: a connection must finish the HTTP/2
+//! handshake within [`HANDSHAKE_TIMEOUT`], one with no call in flight for [`IDLE_TIMEOUT`] is
+//! closed, and each listener holds at most its cap, making room for a new connection by
+//! closing the oldest one that has no call in flight.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::task::AtomicWaker;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::UnixStream;
+use tokio::time::{Instant, Sleep};
+use tonic::transport::server::{Connected, UdsConnectInfo};
+
+/// A client must send the HTTP/2 preface and its SETTINGS frame within this long. A real
+/// client writes both right after connecting, and they wait in the kernel's buffer until the
+/// broker reads them, so a loaded broker never times out a real client; 5 s is "a few
+/// seconds" for anything else (grpc-go's 120 s default is sized for TLS over the internet).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection with no call in flight for this long is closed. The shim uses a connection
+/// for one call; long-lived clients (grpcurl sessions, Go gRPC channels) reconnect on their
+/// own. Two minutes keeps a client that calls every minute on one connection.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// At most one log line per listener this often when the cap is hit: a flood of connections
+/// must not become a flood of log lines. The line carries the counts since the last one.
+pub const CAP_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Descriptors kept free of connections: plugin pipes, token files, the metrics port and
+/// upstream HTTPS connections need some even when the socket is at its cap.
+pub const FD_RESERVE: u64 = 256;
+
+/// HTTP/2's client preface (RFC 9113 §3.4), then a 9-byte frame header.
+const PREFACE_LEN: usize = 24;
+const FRAME_HEADER_LEN: usize = 9;
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit, as Go programs do at start: the soft
+/// limit (often 1 024, or lower when set so) is a compatibility default for `select(2)`,
+/// which the broker does not use. Returns the soft limit now in effect.
+pub fn raise_fd_limit() -> io::Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(io::Error::from)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(io::Error::from)?;
+        return Ok(hard);
+    }
+    Ok(soft)
+}
+
+/// The soft `RLIMIT_NOFILE` in effect (None when it cannot be read or is unlimited).
+pub fn soft_fd_limit() -> Option<u64> {
+    use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit};
+    getrlimit(Resource::RLIMIT_NOFILE)
+        .ok()
+        .map(|(soft, _)| soft)
+        .filter(|&soft| soft != RLIM_INFINITY)
+}
+
+/// The connection cap a listener can honour under the current soft fd limit: `wanted`, or
+/// less when the fd table cannot hold that many besides [`FD_RESERVE`].
+pub fn cap_for_fd_limit(wanted: usize, soft_fd_limit: u64) -> usize {
+    let room = usize::try_from(soft_fd_limit.saturating_sub(FD_RESERVE)).unwrap_or(usize::MAX);
+    wanted.min(room).max(1)
+}
+
+/// One accepted connection's state, shared by its stream and the calls it carries.
+#[derive(Debug)]
+pub struct ConnState {
+    opened: Instant,
+    handshaken: AtomicBool,
+    /// The broker found nothing to read before the handshake was done: the client is
+    /// waiting, not the broker. Only such connections are closed to make room while still in
+    /// their handshake: a real client's preface may sit unread for a while on a busy broker.
+    stalled: AtomicBool,
+    in_flight: AtomicUsize,
+    /// When a call last started or ended, in ms after `opened`.
+    last_active_ms: AtomicU64,
+    closed: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl ConnState {
+    fn new() -> Self {
+        Self {
+            opened: Instant::now(),
+            handshaken: AtomicBool::new(false),
+            stalled: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            last_active_ms: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_active_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn last_active(&self) -> Instant {
+        self.opened + Duration::from_millis(self.last_active_ms.load(Ordering::Relaxed))
+    }
+
+    /// Marks a call in flight until the guard is dropped.
+    pub fn begin_call(self: &Arc<Self>) -> CallGuard {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+        CallGuard(self.clone())
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+}
+
+/// A call in flight on a connection; the connection is not idle while one exists.
+#[derive(Debug)]
+pub struct CallGuard(Arc<ConnState>);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Rate-limits the "cap hit" log line of one listener.
+#[derive(Debug)]
+pub struct CapLog {
+    listener: &'static str,
+    state: Mutex<(Option<Instant>, u64, u64)>,
+}
+
+impl CapLog {
+    pub fn new(listener: &'static str) -> Self {
+        Self {
+            listener,
+            state: Mutex::new((None, 0, 0)),
+        }
+    }
+
+    /// Counts one connection closed to make room (`evicted`) or refused, and logs at most
+    /// once per [`CAP_LOG_INTERVAL`] with the counts since the last line. True when it logged.
+    pub fn hit(&self, cap: usize, evicted: bool) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (last, closed, refused) = &mut *state;
+        if evicted {
+            *closed += 1;
+        } else {
+            *refused += 1;
+        }
+        let now = Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < CAP_LOG_INTERVAL) {
+            return false;
+        }
+        tracing::warn!(
+            listener = self.listener,
+            cap,
+            closed_idle = *closed,
+            refused = *refused,
+            "connection cap reached: closed idle connections to make room, refused new ones when every connection had a call in flight (counts since the last such line)"
+        );
+        *state = (Some(now), 0, 0);
+        true
+    }
+}
+
+/// The connections one listener holds, bounded by its cap.
+#[derive(Debug, Clone)]
+pub struct ConnLimiter {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    cap: usize,
+    open: Mutex<HashMap<u64, Arc<ConnState>>>,
+    next_id: AtomicU64,
+    log: CapLog,
+}
+
+impl ConnLimiter {
+    pub fn new(listener: &'static str, cap: usize) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                cap,
+                open: Mutex::new(HashMap::new()),
+                next_id: AtomicU64::new(0),
+                log: CapLog::new(listener),
+            }),
+        }
+    }
+
+    /// Connections held now.
+    pub fn open(&self) -> usize {
+        self.shared
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Takes a new connection under the cap. At the cap, the oldest connection with no call
+    /// in flight is closed to make room (first one still in its handshake that the broker
+    /// has found waiting on its client, then the one idle longest); when every
+    /// connection has a call in flight, the new one is refused (`None`: dropping it closes it).
+    pub fn admit<S>(&self, stream: S) -> Option<Guarded<S>> {
+        let state = Arc::new(ConnState::new());
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut open = self
+                .shared
+                .open
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if open.len() >= self.shared.cap {
+                let victim = open
+                    .iter()
+                    .filter(|(_, c)| c.in_flight.load(Ordering::Acquire) == 0)
+                    .min_by_key(|(_, c)| {
+                        let handshaken = c.handshaken.load(Ordering::Acquire);
+                        let stalled = c.stalled.load(Ordering::Acquire);
+                        (handshaken, !stalled, c.last_active())
+                    })
+                    .map(|(id, _)| *id);
+                match victim.and_then(|id| open.remove(&id)) {
+                    Some(victim) => {
+                        victim.close();
+                        self.shared.log.hit(self.shared.cap, true);
+                    }
+                    None => {
+                        self.shared.log.hit(self.shared.cap, false);
+                        return None;
+                    }
+                }
+            }
+            open.insert(id, state.clone());
+        }
+        Some(Guarded {
+            inner: stream,
+            state,
+            shared: self.shared.clone(),
+            id,
+            timer: Box::pin(tokio::time::sleep(HANDSHAKE_TIMEOUT)),
+            seen: 0,
+            frame_header: [0; FRAME_HEADER_LEN],
+        })
+    }
+}
+
+/// An admitted connection: reads fail once its handshake is late, end (EOF) once it has been
+/// idle too long or was closed to make room; dropping it frees its place under the cap.
+#[derive(Debug)]
+pub struct Guarded<S> {
+    inner: S,
+    state: Arc<ConnState>,
+    shared: Arc<Shared>,
+    id: u64,
+    timer: Pin<Box<Sleep>>,
+    /// Handshake bytes read so far (only counted until the handshake is done).
+    seen: usize,
+    frame_header: [u8; FRAME_HEADER_LEN],
+}
+
+impl<S> Guarded<S> {
+    /// The state calls on this connection report to.
+    pub fn state(&self) -> &Arc<ConnState> {
+        &self.state
+    }
+
+    /// Follows the preface and the first frame (SETTINGS; h2 itself checks what it is).
+    fn saw(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if let Some(i) = self.seen.checked_sub(PREFACE_LEN)
+                && i < FRAME_HEADER_LEN
+            {
+                self.frame_header[i] = b;
+            }
+            self.seen += 1;
+        }
+        let header_end = PREFACE_LEN + FRAME_HEADER_LEN;
+        if self.seen < header_end {
+            return;
+        }
+        let [a, b, c, ..] = self.frame_header;
+        let payload = usize::from(a) << 16 | usize::from(b) << 8 | usize::from(c);
+        if self.seen >= header_end + payload {
+            self.state.handshaken.store(true, Ordering::Release);
+            self.state.touch();
+            let deadline = Instant::now() + IDLE_TIMEOUT;
+            self.timer.as_mut().reset(deadline);
+        }
+    }
+}
+
+impl<S> Drop for Guarded<S> {
+    fn drop(&mut self) {
+        self.shared
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        this.state.waker.register(cx.waker());
+        if this.state.closed.load(Ordering::Acquire) {
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if !this.state.handshaken.load(Ordering::Acquire) {
+                    this.state.stalled.store(false, Ordering::Release);
+                    let new = buf.filled()[before..].to_vec();
+                    this.saw(&new);
+                }
+                return Poll::Ready(Ok(()));
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => {
+                if !this.state.handshaken.load(Ordering::Acquire) {
+                    this.state.stalled.store(true, Ordering::Release);
+                }
+            }
+        }
+        loop {
+            if this.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if !this.state.handshaken.load(Ordering::Acquire) {
+                this.state.closed.store(true, Ordering::Release);
+                tracing::debug!("closing a connection that did not finish the HTTP/2 handshake");
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no HTTP/2 handshake within {HANDSHAKE_TIMEOUT:?}"),
+                )));
+            }
+            let now = Instant::now();
+            let deadline = if this.state.in_flight.load(Ordering::Acquire) > 0 {
+                now + IDLE_TIMEOUT
+            } else {
+                this.state.last_active() + IDLE_TIMEOUT
+            };
+            if deadline <= now {
+                this.state.closed.store(true, Ordering::Release);
+                tracing::debug!("closing a connection idle for {IDLE_TIMEOUT:?}");
+                return Poll::Ready(Ok(()));
+            }
+            this.timer.as_mut().reset(deadline);
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// What a call learns about its connection: the peer (as tonic gives it for a plain
+/// `UnixStream`) and the state the call reports activity to.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub uds: UdsConnectInfo,
+    pub state: Arc<ConnState>,
+}
+
+impl Connected for Guarded<UnixStream> {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        ConnInfo {
+            uds: self.inner.connect_info(),
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// Marks each call in flight on its connection (so a connection is never closed as idle
+/// under a slow call) and puts the connection's `UdsConnectInfo` where tonic would for a
+/// plain `UnixStream`, for the code that reads the caller's credentials.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ActivityLayer;
+
+impl<S> tower::Layer<S> for ActivityLayer {
+    type Service = Activity<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Activity { inner }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Activity<S> {
+    inner: S,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Activity<S>
+where
+    S: tower::Service<http::Request<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let info = req.extensions().get::<ConnInfo>().cloned();
+        let guard = info.map(|info| {
+            req.extensions_mut().insert(info.uds);
+            info.state.begin_call()
+        });
+        let call = self.inner.call(req);
+        Box::pin(async move {
+            let result = call.await;
+            drop(guard);
+            result
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    /// An empty SETTINGS frame: length 0, type 4, no flags, stream 0.
+    const SETTINGS: [u8; 9] = [0, 0, 0, 4, 0, 0, 0, 0, 0];
+
+    /// Reads until EOF or an error; returns how long that took and the error kind.
+    async fn read_until_closed(mut conn: Guarded<UnixStream>) -> (Duration, Option<io::ErrorKind>) {
+        let started = Instant::now();
+        let mut buf = [0u8; 64];
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) => return (started.elapsed(), None),
+                Ok(_) => {}
+                Err(e) => return (started.elapsed(), Some(e.kind())),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_connection_is_closed_after_the_handshake_timeout() {
+        let limiter = ConnLimiter::new("test", 10);
+        let (server, _client) = UnixStream::pair().unwrap();
+        let conn = limiter.admit(server).unwrap();
+        assert_eq!(limiter.open(), 1);
+        let (took, error) = read_until_closed(conn).await;
+        assert_eq!(error, Some(io::ErrorKind::TimedOut));
+        assert!(
+            took >= HANDSHAKE_TIMEOUT && took < HANDSHAKE_TIMEOUT * 2,
+            "{took:?}"
+        );
+        assert_eq!(limiter.open(), 0, "a closed connection frees its place");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn half_a_handshake_is_not_a_handshake() {
+        let limiter = ConnLimiter::new("test", 10);
+        let (server, mut client) = UnixStream::pair().unwrap();
+        let conn = limiter.admit(server).unwrap();
+        client.write_all(PREFACE).await.unwrap();
+        // A SETTINGS header announcing 6 bytes of payload that never come.
+        client
+            .write_all(&[0, 0, 6, 4, 0, 0, 0, 0, 0])
+            .await
+            .unwrap();
+        let (took, error) = read_until_closed(conn).await;
+        assert_eq!(error, Some(io::ErrorKind::TimedOut));
+        assert!(took < HANDSHAKE_TIMEOUT * 2, "{took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed_but_not_one_with_a_call_in_flight() {
+        let limiter = ConnLimiter::new("test", 10);
+        let (server, mut client) = UnixStream::pair().unwrap();
+        let conn = limiter.admit(server).unwrap();
+        client.write_all(PREFACE).await.unwrap();
+        client.write_all(&SETTINGS).await.unwrap();
+        let (took, error) = read_until_closed(conn).await;
+        assert_eq!(error, None, "an idle connection ends cleanly (EOF)");
+        assert!(
+            took >= IDLE_TIMEOUT && took < IDLE_TIMEOUT + HANDSHAKE_TIMEOUT,
+            "{took:?}"
+        );
+
+        let (server, mut client) = UnixStream::pair().unwrap();
+        let conn = limiter.admit(server).unwrap();
+        client.write_all(PREFACE).await.unwrap();
+        client.write_all(&SETTINGS).await.unwrap();
+        let call = conn.state().begin_call();
+        let reader = tokio::spawn(read_until_closed(conn));
+        tokio::time::sleep(IDLE_TIMEOUT * 3).await;
+        assert!(!reader.is_finished(), "closed under a call in flight");
+        drop(call);
+        let (took, error) = reader.await.unwrap();
+        assert_eq!(error, None);
+        assert!(took >= IDLE_TIMEOUT * 4, "{took:?}");
+        assert!(took < IDLE_TIMEOUT * 5, "{took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_the_cap_the_oldest_idle_connection_makes_room() {
+        let limiter = ConnLimiter::new("test", 3);
+        let mut clients = Vec::new();
+        let mut conns = Vec::new();
+        for _ in 0..3 {
+            let (server, client) = UnixStream::pair().unwrap();
+            clients.push(client);
+            conns.push(limiter.admit(server).unwrap());
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        // Only a connection the broker has found waiting on its client counts as silent.
+        for conn in &mut conns {
+            let mut buf = [0u8; 1];
+            let read = tokio::time::timeout(Duration::from_millis(1), conn.read(&mut buf));
+            assert!(read.await.is_err(), "nothing to read yet");
+        }
+        // The first has a call in flight, the other two are silent.
+        let _call = conns[0].state().begin_call();
+        let busy = conns.remove(0);
+        let oldest_silent = conns.remove(0);
+        let (server, _c) = UnixStream::pair().unwrap();
+        let newest = limiter
+            .admit(server)
+            .expect("room made for a new connection");
+        assert_eq!(limiter.open(), 3);
+        let (took, error) = read_until_closed(oldest_silent).await;
+        assert_eq!(
+            (took, error),
+            (Duration::ZERO, None),
+            "the oldest silent one was closed at once"
+        );
+        // Only connections with calls in flight left: a newcomer is refused.
+        let _calls: Vec<_> = [&busy, &conns[0], &newest]
+            .iter()
+            .map(|c| c.state().begin_call())
+            .collect();
+        let (server, _c) = UnixStream::pair().unwrap();
+        assert!(limiter.admit(server).is_none());
+        assert_eq!(limiter.open(), 3);
+        drop(newest);
+        let (server, _c) = UnixStream::pair().unwrap();
+        assert!(
+            limiter.admit(server).is_some(),
+            "a closed connection frees its place"
+        );
+    }
+
+    /// A real client's preface can sit unread on a busy broker: a connection not read yet is
+    /// not closed to make room while a stalled one exists, even a newer one.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_not_read_yet_outlives_a_stalled_one() {
+        let limiter = ConnLimiter::new("test", 2);
+        let (server, mut client) = UnixStream::pair().unwrap();
+        let unread = limiter.admit(server).unwrap();
+        client.write_all(PREFACE).await.unwrap();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let (server, _silent) = UnixStream::pair().unwrap();
+        let mut stalled = limiter.admit(server).unwrap();
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(1), stalled.read(&mut buf));
+        assert!(read.await.is_err());
+        let (server, _c) = UnixStream::pair().unwrap();
+        let _newest = limiter.admit(server).unwrap();
+        let (took, error) = read_until_closed(stalled).await;
+        assert_eq!(
+            (took, error),
+            (Duration::ZERO, None),
+            "the stalled one made room"
+        );
+        let mut unread = unread;
+        let mut got = [0u8; 24];
+        unread.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, PREFACE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_cap_log_line_is_rate_limited() {
+        let log = CapLog::new("test");
+        assert!(log.hit(1, true));
+        assert!((0..1000).all(|_| !log.hit(1, false)));
+        tokio::time::advance(CAP_LOG_INTERVAL).await;
+        assert!(log.hit(1, false));
+    }
+
+    #[test]
+    fn the_cap_leaves_room_in_the_fd_table() {
+        assert_eq!(cap_for_fd_limit(2048, 1_048_576), 2048);
+        assert_eq!(cap_for_fd_limit(2048, 1024), 1024 - FD_RESERVE as usize);
+        assert_eq!(cap_for_fd_limit(2048, 100), 1);
+    }
+}
