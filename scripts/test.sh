@@ -42,6 +42,11 @@ python3 -c 'import moto.server, flask' 2>/dev/null || pip_install 'moto[server]'
 python3 -c 'import moto.server, flask' 2>/dev/null || die "moto[server] could not be installed"
 python3 -c 'import botocore, awscli' 2>/dev/null || pip_install awscli
 python3 -c 'import botocore' 2>/dev/null || die "botocore (awscli) could not be installed"
+# The Python kubernetes client: an exec-plugin client besides client-go (tests/tests/exec_clients.rs).
+# Pinned beside botocore's python-dateutil<3 and moto's pydantic~=2.13 (kubernetes 37.0.2 wants
+# dateutil>=3 and would break both); pip then picks the newest kubernetes that fits.
+python3 -c 'import kubernetes' 2>/dev/null || pip_install kubernetes 'python-dateutil<3' 'pydantic~=2.13.3'
+python3 -c 'import kubernetes' 2>/dev/null || die "the Python kubernetes client could not be installed"
 # GCP: the fake token endpoint verifies RS256 assertions with the openssl CLI.
 have openssl || apt_install openssl
 have openssl || die "openssl is missing and could not be installed"

@@ -123,6 +123,24 @@ impl AdminApi {
         Self { broker }
     }
 
+    /// A call that names a provider must name a configured one: an empty answer for a
+    /// typo would read as "no entries" (NOT_FOUND, as GetToken answers).
+    fn check_provider(&self, name: &str) -> Result<(), BrokerError> {
+        if name.is_empty() || self.broker.provider(name).is_some() {
+            return Ok(());
+        }
+        let known: Vec<String> = self
+            .broker
+            .providers()
+            .into_iter()
+            .map(|c| c.config.name)
+            .collect();
+        Err(BrokerError::UnknownProvider {
+            name: name.to_owned(),
+            known: known.join(", "),
+        })
+    }
+
     fn authorize<T>(&self, request: &Request<T>, call: &str) -> Result<(), Status> {
         let peer = Peer::of(request);
         self.broker.authorize_admin(peer).map_err(|e| {
@@ -159,6 +177,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<ListEntriesResponse>, Status> {
         self.authorize(&request, "ListEntries")?;
         let provider = request.into_inner().provider;
+        self.check_provider(&provider)?;
         let entries = self
             .broker
             .cache()
@@ -176,7 +195,8 @@ impl AdminService for AdminApi {
     ) -> Result<Response<InvalidateResponse>, Status> {
         self.authorize(&request, "Invalidate")?;
         let r = request.into_inner();
-        let selection = Selection::parse(r.provider, r.identity, r.all)?;
+        let selection = Selection::parse(r.provider.clone(), r.identity, r.all)?;
+        self.check_provider(&r.provider)?;
         let invalidated = self.broker.cache().invalidate(|k| selection.matches(k));
         tracing::info!(%selection, invalidated, "AdminService: entries invalidated");
         Ok(Response::new(InvalidateResponse {
@@ -190,7 +210,8 @@ impl AdminService for AdminApi {
     ) -> Result<Response<RefreshResponse>, Status> {
         self.authorize(&request, "Refresh")?;
         let r = request.into_inner();
-        let selection = Selection::parse(r.provider, r.identity, r.all)?;
+        let selection = Selection::parse(r.provider.clone(), r.identity, r.all)?;
+        self.check_provider(&r.provider)?;
         let keys = self.broker.cache().keys(|k| selection.matches(k));
         let refreshes = keys.iter().map(|key| async move {
             let Some(provider) = self.broker.provider(&key.provider) else {

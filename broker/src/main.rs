@@ -191,11 +191,16 @@ async fn health_check(socket: &std::path::Path, service: String) -> Result<Strin
     Ok(reply.into_inner().status().as_str_name().to_owned())
 }
 
+/// `e` and its causes, each said once: some errors (tonic's transport error) already
+/// print their cause in their own message.
 fn source_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut next = e.source();
     while let Some(cause) = next {
-        out = format!("{out}: {cause}");
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out = format!("{out}: {text}");
+        }
         next = cause.source();
     }
     out
@@ -205,13 +210,20 @@ fn source_chain(e: &dyn std::error::Error) -> String {
 /// credentials (the test `trace_logs_hold_no_secret` runs a signing flow at trace).
 const SECRET_BEARING_TARGETS: &[&str] = &["aws_sigv4=info"];
 
+/// Log targets shown at error only, because their warnings dump whole raw responses (kilobytes
+/// per line: aws-config's credential chain and IMDS region lookup on a machine without AWS
+/// identity). The broker logs each such failure itself, in one line that names what was tried
+/// (the test `refusing_instance_metadata_still_lists_every_source_and_logs_no_dump`).
+const NOISY_TARGETS: &[&str] = &["aws_config=error"];
+
 /// Logs go to stderr; `RUST_LOG` filters them (default `info`).
 fn init_logging(format: LogFormat) {
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Dependencies whose verbose output carries secrets, capped whatever RUST_LOG says:
     // aws-sigv4 traces each canonical request, session token included.
-    for ceiling in SECRET_BEARING_TARGETS {
+    // aws-config's warnings repeat, as multi-kilobyte dumps, failures the broker logs itself.
+    for ceiling in SECRET_BEARING_TARGETS.iter().chain(NOISY_TARGETS) {
         if let Ok(directive) = ceiling.parse() {
             filter = filter.add_directive(directive);
         }

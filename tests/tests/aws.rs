@@ -979,6 +979,124 @@ fn no_credentials_says_which_sources_were_tried() {
     assert!(!line.contains(STATIC_SECRET));
 }
 
+/// An instance metadata endpoint that refuses everything with 403 and a multi-kilobyte body,
+/// as IMDS does when disabled on the instance, and as sandboxes' metadata proxies do.
+struct RefusingImds {
+    url: String,
+    requests: Arc<AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The body of every refusal: large, and marked, to find it if it reaches a log.
+const IMDS_REFUSAL_MARK: &str = "imds-refusal-body";
+
+impl RefusingImds {
+    fn start() -> RefusingImds {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let body = format!(
+            "<html><body>{}</body></html>",
+            IMDS_REFUSAL_MARK.repeat(400)
+        );
+        let (count, stopped) = (Arc::clone(&requests), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::SeqCst) {
+                let Ok((mut stream, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 64 * 1024 {
+                    match stream.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => break,
+                    }
+                }
+                count.fetch_add(1, Ordering::SeqCst);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 403 Forbidden\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\
+                     connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        RefusingImds {
+            url,
+            requests,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for RefusingImds {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// No credentials, and instance metadata refusing (403) rather than absent: the error still
+/// lists every source the chain tried, in one line (it named only IMDS, the last), and the
+/// SDK's WARN dumps of the raw refusals stay out of the log (they ran to kilobytes).
+#[test]
+fn refusing_instance_metadata_still_lists_every_source_and_logs_no_dump() {
+    let imds = RefusingImds::start();
+    let broker = AwsBroker::start(
+        &[aws_provider("eks", "")],
+        &[
+            ("AWS_EC2_METADATA_DISABLED", "false".to_owned()),
+            ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.url.clone()),
+        ],
+    );
+    let out = shim_fails(
+        &broker,
+        "https://abc.gr7.us-west-2.eks.amazonaws.com",
+        json!({"clusterName": "alpha"}),
+    );
+    let line = assert_shim_error(
+        &out,
+        &[
+            "UNAVAILABLE",
+            "no AWS credentials found",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_PROFILE",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            "IMDSv2",
+            "alpha",
+        ],
+    );
+    assert!(!line.contains(IMDS_REFUSAL_MARK), "{line}");
+    assert!(
+        imds.requests.load(Ordering::SeqCst) > 0,
+        "the chain reached instance metadata"
+    );
+    let logs = broker.logs();
+    for log_line in logs.lines() {
+        assert!(
+            log_line.len() < 2048 && !log_line.contains(IMDS_REFUSAL_MARK),
+            "a {}-byte log line: {}",
+            log_line.len(),
+            &log_line[..log_line.len().min(600)]
+        );
+    }
+    assert!(
+        logs.contains("no AWS credentials found"),
+        "the broker's own line says what failed:\n{logs}"
+    );
+}
+
 /// A fake STS over TLS (trusted through SSL_CERT_FILE, on top of the system store): AccessDenied
 /// on AssumeRole → PERMISSION_DENIED naming the role; the request it got was a correctly
 /// signed AssumeRole for that role, session name and external id.

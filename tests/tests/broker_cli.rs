@@ -381,3 +381,31 @@ fn in_flight_call_completes_after_sigterm() {
         "socket left behind after SIGTERM"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// health
+// ---------------------------------------------------------------------------------------
+
+/// Without a broker, `health` says once what failed and where (the transport error already
+/// carries its OS cause: printing the source chain on top of it said it twice).
+#[test]
+fn health_without_a_broker_prints_the_error_once() {
+    let dir = tempdir();
+    let socket = dir.path().join("absent.sock");
+    let out = run_broker_cli(&[
+        "health".as_ref(),
+        "--timeout".as_ref(),
+        "2s".as_ref(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(out.stdout.is_empty(), "{}", describe(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "credbroker: cannot connect to {}: transport error: No such file or directory (os error 2)\n",
+            socket.display()
+        )
+    );
+}

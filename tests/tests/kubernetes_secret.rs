@@ -373,6 +373,88 @@ fn api_server_restart_serves_the_store_and_the_watch_resumes() {
     );
 }
 
+/// A broker whose `secrets` provider has no `kubeconfig` key, with `env`.
+fn broker_without_kubeconfig_key(env: &[(&str, &str)]) -> Broker {
+    let provider = format!(
+        "  - name: secrets\n    type: kubernetesSecret\n    kubernetesSecret: {{namespace: {NAMESPACE}}}\n"
+    );
+    Broker::start_with(&config_yaml(&[provider]), &[], env)
+}
+
+/// Where the broker's own API client comes from, in every Kubernetes client's order:
+/// `kubernetesSecret.kubeconfig`, then `KUBECONFIG`, then in-cluster. Outside a pod, with
+/// KUBECONFIG set and no key, it used to fail with "no in-cluster configuration".
+#[test]
+fn api_client_from_the_key_then_kubeconfig_env_then_in_cluster() {
+    let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
+    api.put_secret("alpha", &[], &[("token", b"tok-alpha")]);
+    let dir = tempdir();
+    let kubeconfig = dir.path().join("hub.kubeconfig");
+    api.write_kubeconfig(&kubeconfig, HUB_TOKEN);
+    let kubeconfig = kubeconfig.to_str().expect("UTF-8 path");
+    let not_in_a_pod = ("KUBERNETES_SERVICE_HOST", "");
+    let alpha = exec_info(
+        V1,
+        "https://worker.example",
+        json!({"clusterName": "alpha"}),
+    );
+    let shim =
+        |broker: &Broker| run_shim(broker.socket(), &["--provider", "secrets"], Some(&alpha));
+
+    // KUBECONFIG, outside a pod, no key: the API server it names is watched.
+    let broker = broker_without_kubeconfig_key(&[("KUBECONFIG", kubeconfig), not_in_a_pod]);
+    let out = shim(&broker);
+    assert!(
+        out.status.success(),
+        "{}\nbroker log:\n{}",
+        describe(&out),
+        broker.logs()
+    );
+    assert_eq!(assert_credential(&out, V1).token, "tok-alpha");
+    drop(broker);
+
+    // A KUBECONFIG list whose first file is missing fails naming KUBECONFIG (never falls
+    // through to in-cluster).
+    let missing = dir.path().join("missing.kubeconfig");
+    let list = format!("{}:{kubeconfig}", missing.display());
+    let broker = broker_without_kubeconfig_key(&[("KUBECONFIG", &list), not_in_a_pod]);
+    let line = assert_shim_error(
+        &shim(&broker),
+        &["UNAVAILABLE", "KUBECONFIG", "missing.kubeconfig"],
+    );
+    assert!(!line.contains("in-cluster"), "{line}");
+    drop(broker);
+
+    // The key wins over KUBECONFIG.
+    let provider = format!(
+        "  - name: secrets\n    type: kubernetesSecret\n    kubernetesSecret: {{namespace: {NAMESPACE}, kubeconfig: {}}}\n",
+        yaml_str(kubeconfig)
+    );
+    let broker = Broker::start_with(
+        &config_yaml(&[provider]),
+        &[],
+        &[
+            ("KUBECONFIG", missing.to_str().expect("UTF-8")),
+            not_in_a_pod,
+        ],
+    );
+    assert_eq!(assert_credential(&shim(&broker), V1).token, "tok-alpha");
+    drop(broker);
+
+    // Neither (an empty KUBECONFIG counts as unset): in-cluster, which outside a pod says
+    // what to set.
+    let broker = broker_without_kubeconfig_key(&[("KUBECONFIG", ""), not_in_a_pod]);
+    assert_shim_error(
+        &shim(&broker),
+        &[
+            "UNAVAILABLE",
+            "no in-cluster configuration",
+            "kubernetesSecret.kubeconfig",
+            "KUBECONFIG",
+        ],
+    );
+}
+
 #[test]
 fn unreachable_api_server_is_unavailable_and_not_ready() {
     let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use credbroker_tests::{
     Broker, COMMAND_TIMEOUT, ExecPlugin, PluginOptions, SHIM, V1, assert_credential,
     assert_shim_error, bin, describe, exec_info, exec_provider, grpcurl, require_tool, run,
-    send_signal, tempdir,
+    send_signal, tempdir, unix_channel,
 };
 use serde_json::{Value, json};
 
@@ -520,4 +520,66 @@ fn the_health_subcommand_answers_for_probes() {
         "{}",
         describe(&gone)
     );
+}
+
+/// AdminService calls naming a provider the broker does not have answer NOT_FOUND with the
+/// configured names (as GetToken does), not an empty success that reads as "no entries".
+#[test]
+fn admin_calls_for_an_unknown_provider_are_not_found() {
+    use credbroker_proto::v1::admin_service_client::AdminServiceClient;
+    use credbroker_proto::v1::{InvalidateRequest, ListEntriesRequest, RefreshRequest};
+
+    let plugin = ExecPlugin::new();
+    let broker = Broker::start(&config(
+        "",
+        "",
+        &[exec_provider("onprem", plugin.command(), "")],
+    ));
+    assert_credential(&shim(&broker, "onprem", "alpha"), V1);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut admin = AdminServiceClient::new(unix_channel(broker.socket()).await);
+        let list = |provider: &str| ListEntriesRequest {
+            provider: provider.into(),
+        };
+        let invalidate = |identity: &str| InvalidateRequest {
+            provider: "nope".into(),
+            identity: identity.into(),
+            all: false,
+        };
+        let refresh = |identity: &str| RefreshRequest {
+            provider: "nope".into(),
+            identity: identity.into(),
+            all: false,
+        };
+        let statuses = [
+            ("ListEntries", admin.list_entries(list("nope")).await.err()),
+            ("Invalidate", admin.invalidate(invalidate("")).await.err()),
+            (
+                "Invalidate one",
+                admin.invalidate(invalidate("x")).await.err(),
+            ),
+            ("Refresh", admin.refresh(refresh("")).await.err()),
+            ("Refresh one", admin.refresh(refresh("x")).await.err()),
+        ];
+        for (call, status) in statuses {
+            let status = status.unwrap_or_else(|| panic!("{call} for provider \"nope\" succeeded"));
+            assert_eq!(status.code(), tonic::Code::NotFound, "{call}: {status:?}");
+            assert_eq!(
+                status.message(),
+                r#"unknown provider "nope" (configured: onprem)"#,
+                "{call}"
+            );
+        }
+        // The known provider's entry is untouched, and still listed by name.
+        let listed = admin
+            .list_entries(list("onprem"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(listed.entries.len(), 1, "{listed:?}");
+    });
 }

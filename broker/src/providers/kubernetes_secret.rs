@@ -469,24 +469,42 @@ fn with_root_cause(error: &dyn std::error::Error) -> String {
     }
 }
 
-/// A kube client for the configured kubeconfig, else the in-cluster ServiceAccount, whose
-/// every successful answer marks the watch connected.
+/// A kube client whose every successful answer marks the watch connected. Its config comes
+/// from where every Kubernetes client looks, in the same order: `kubernetesSecret.kubeconfig`,
+/// else the `KUBECONFIG` list (merged like kubectl merges it), else the in-cluster
+/// ServiceAccount.
 async fn make_client(
     config: &KubernetesSecretConfig,
     layer: ObserveLayer,
 ) -> Result<kube::Client, String> {
-    let kube_config = match &config.kubeconfig {
+    let options = kube::config::KubeConfigOptions::default();
+    let (kubeconfig, shown) = match &config.kubeconfig {
         Some(path) => {
-            let shown = path.display();
-            let kubeconfig =
-                kube::config::Kubeconfig::read_from(path).map_err(|e| kubeconfig_error(&shown, &e))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| kubeconfig_error(&shown, &e))?
+            let shown = path.display().to_string();
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| kubeconfig_error(&shown, &e))?;
+            (Some(kubeconfig), shown)
         }
+        None => {
+            let shown = format!(
+                "KUBECONFIG={}",
+                std::env::var_os("KUBECONFIG")
+                    .unwrap_or_default()
+                    .to_string_lossy()
+            );
+            let kubeconfig =
+                kube::config::Kubeconfig::from_env().map_err(|e| kubeconfig_error(&shown, &e))?;
+            (kubeconfig, shown)
+        }
+    };
+    let kube_config = match kubeconfig {
+        Some(kubeconfig) => kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+            .await
+            .map_err(|e| kubeconfig_error(&shown, &e))?,
         None => kube::Config::incluster().map_err(|e| {
             format!(
-                "no in-cluster configuration ({e}); run the broker in a pod with a ServiceAccount, or set kubernetesSecret.kubeconfig"
+                "no in-cluster configuration ({e}); run the broker in a pod with a ServiceAccount, \
+                 or set kubernetesSecret.kubeconfig or KUBECONFIG"
             )
         })?,
     };

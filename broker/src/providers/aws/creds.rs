@@ -186,6 +186,12 @@ pub fn classify(error: &CredentialsError) -> Failure {
                 return Failure::Transient;
             }
         }
+        // Instance metadata is the chain's last source: the chain only reaches it when
+        // every other source had nothing, so its refusal (403 when IMDS is disabled, or
+        // any error) means "no credentials anywhere", to be told with the whole list.
+        if e.is::<aws_config::imds::client::error::ImdsError>() {
+            no_credentials = true;
+        }
         match e.downcast_ref::<CredentialsError>() {
             Some(CredentialsError::CredentialsNotLoaded(_)) => no_credentials = true,
             Some(CredentialsError::ProviderTimedOut(_)) => timeout = true,
