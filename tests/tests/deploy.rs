@@ -50,6 +50,13 @@ const NONROOT: u32 = 65532;
 /// Bound for the image-content script (a cold debug build of both binaries).
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
+/// The sidecar's probes. No readinessProbe: a native sidecar's readiness counts toward the
+/// pod's, and the pod backs `kueue-webhook-service`, whose webhooks fail closed.
+const SIDECAR_PROBES: [&str; 2] = ["startupProbe", "livenessProbe"];
+/// The only architecture the image is built for (the workspace targets x86_64-unknown-linux-gnu).
+const IMAGE_ARCH: &str = "amd64";
+const ARCH_LABEL: &str = "kubernetes.io/arch";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Delivery {
     ImageVolume,
@@ -443,7 +450,7 @@ fn sidecar_is_a_hardened_native_sidecar_sharing_the_socket_with_the_manager() {
         // The probes: `credbroker health` from the sidecar's own image, over the socket the
         // broker config names, bounded before the kubelet's own timeout.
         let socket_path = str_of(&broker["socket"]["path"], "socket.path");
-        for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        for probe in SIDECAR_PROBES {
             let command = strings(
                 &side[probe]["exec"]["command"],
                 &format!("{probe}.exec.command"),
@@ -486,6 +493,139 @@ fn sidecar_is_a_hardened_native_sidecar_sharing_the_socket_with_the_manager() {
             "{dir}: allowedUids {allowed:?} must admit Kueue's manager (uid {NONROOT})"
         );
     }
+}
+
+/// `target` as a path relative to the directory `from` (kustomize refuses absolute paths).
+fn relative_to(from: &Path, target: &Path) -> PathBuf {
+    let mut rel = PathBuf::new();
+    for _ in from.components().skip(1) {
+        rel.push("..");
+    }
+    rel.join(target.strip_prefix("/").expect("absolute target"))
+}
+
+/// Item 8 of issue 13: the sidecar's readiness must not depend on credentials. Kueue's manager
+/// pod backs its webhook Service (`failurePolicy: Fail`): a sidecar readinessProbe failing on a
+/// NOT_SERVING broker would take the pod out of the endpoints and refuse every Job cluster-wide.
+#[test]
+fn sidecar_probes_gate_startup_and_liveness_but_never_the_pods_readiness() {
+    for (dir, _) in OVERLAYS {
+        let objects = render(dir);
+        let side = sidecar(pod_spec(&objects));
+        assert!(
+            side["readinessProbe"].is_null(),
+            "{dir}: a sidecar readinessProbe counts toward the pod's readiness (Kueue's webhooks): {}",
+            side["readinessProbe"]
+        );
+        for probe in SIDECAR_PROBES {
+            let command = strings(
+                &side[probe]["exec"]["command"],
+                &format!("{dir}: {probe}.exec.command"),
+            );
+            assert_eq!(
+                command[..2],
+                ["/bin/credbroker", "health"],
+                "{dir}: {probe}"
+            );
+        }
+        // The manager starts only after the socket exists: the startup probe gates it, and
+        // keeps trying long enough for a slow node (at least 10 s).
+        let startup = &side["startupProbe"];
+        let budget = startup["periodSeconds"].as_u64().unwrap_or(10)
+            * startup["failureThreshold"].as_u64().unwrap_or(3);
+        assert!(budget >= 10, "{dir}: startupProbe gives up after {budget}s");
+    }
+}
+
+/// Item 9 of issue 13: the image is amd64 only, so the pod is pinned to amd64 nodes, merged
+/// into whatever node selection Kueue's Deployment already has.
+#[test]
+fn pods_are_pinned_to_amd64_without_clobbering_kueues_node_selection() {
+    for (dir, _) in OVERLAYS {
+        let objects = render(dir);
+        let pod = pod_spec(&objects);
+        assert_eq!(
+            pod["nodeSelector"][ARCH_LABEL], IMAGE_ARCH,
+            "{dir}: the image runs on {IMAGE_ARCH} only: {}",
+            pod["nodeSelector"]
+        );
+    }
+
+    // A Kueue installation that already selects nodes (nodeSelector and affinity) keeps them.
+    let tmp = tempdir();
+    let base = tmp.path().join("kueue");
+    let overlay = tmp.path().join("overlay");
+    std::fs::create_dir_all(&base).expect("mkdir");
+    std::fs::create_dir_all(&overlay).expect("mkdir");
+    let kueue_install = relative_to(&base, &repo().join("deploy/kueue/kueue-install"));
+    std::fs::write(
+        base.join("kustomization.yaml"),
+        format!(
+            r#"resources:
+  - {}
+patches:
+  - patch: |-
+      apiVersion: apps/v1
+      kind: Deployment
+      metadata: {{name: {DEPLOYMENT}, namespace: {NAMESPACE}}}
+      spec:
+        template:
+          spec:
+            nodeSelector: {{node-role.example.com/system: "true"}}
+            affinity:
+              nodeAffinity:
+                requiredDuringSchedulingIgnoredDuringExecution:
+                  nodeSelectorTerms:
+                    - matchExpressions:
+                        - {{key: kubernetes.io/os, operator: In, values: [linux]}}
+"#,
+            kueue_install.display()
+        ),
+    )
+    .expect("write base");
+    let components = relative_to(&overlay, &repo().join("deploy/kueue/components"));
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "resources:
+  - ../kueue
+components:
+  - {}
+  - {}
+",
+            components.join("credbroker-sidecar").display(),
+            components.join("shim-image-volume").display()
+        ),
+    )
+    .expect("write overlay");
+    let out = run(
+        Command::new(kubectl()).arg("kustomize").arg(&overlay),
+        COMMAND_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "kubectl kustomize: {}",
+        describe(&out)
+    );
+    let objects = parse_yaml_stream(&String::from_utf8_lossy(&out.stdout), "custom overlay");
+    let pod = pod_spec(&objects);
+    assert_eq!(
+        pod["nodeSelector"][ARCH_LABEL], IMAGE_ARCH,
+        "{}",
+        pod["nodeSelector"]
+    );
+    assert_eq!(
+        pod["nodeSelector"]["node-role.example.com/system"], "true",
+        "Kueue's own nodeSelector is kept: {}",
+        pod["nodeSelector"]
+    );
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["key"],
+        "kubernetes.io/os",
+        "Kueue's own affinity is kept: {}",
+        pod["affinity"]
+    );
 }
 
 #[test]
@@ -1303,8 +1443,26 @@ fn rendered_config_serves_probe_and_example_cluster_in_an_empty_root() {
         panic!("the broker in the chroot never listened on {socket}: {out:?}");
     }
 
+    // A cluster whose token is missing: GetToken fails, and the probes must not care (a
+    // credential problem never restarts the sidecar nor touches the pod's readiness).
+    let mut argv = vec![str_of(&exec["command"], "command")];
+    let exec_args = strings(&exec["args"], "args");
+    argv.extend(exec_args.iter().map(String::as_str));
+    let mut missing = cluster.clone();
+    missing["extensions"] = json!([{
+        "name": EXEC_EXTENSION,
+        "extension": {"clusterName": "no-such-cluster"},
+    }]);
+    let out = chroot(
+        root.path(),
+        Some(NONROOT),
+        &argv,
+        &[("KUBERNETES_EXEC_INFO", &exec_info_for(exec, &missing))],
+    );
+    assert_shim_error(&out, &["no-such-cluster"]);
+
     // The sidecar's probes, as the kubelet runs them (inside the sidecar, as its uid).
-    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+    for probe in SIDECAR_PROBES {
         let command = strings(&side[probe]["exec"]["command"], probe);
         let argv: Vec<&str> = command.iter().map(String::as_str).collect();
         let out = chroot(root.path(), Some(uid), &argv, &[]);
@@ -1316,9 +1474,6 @@ fn rendered_config_serves_probe_and_example_cluster_in_an_empty_root() {
     }
 
     // Kueue's exec entry, as client-go runs it for the on-prem example (as the manager's uid).
-    let mut argv = vec![str_of(&exec["command"], "command")];
-    let exec_args = strings(&exec["args"], "args");
-    argv.extend(exec_args.iter().map(String::as_str));
     let info = exec_info_for(exec, cluster);
     let out = chroot(
         root.path(),
@@ -1355,7 +1510,7 @@ fn rendered_config_serves_probe_and_example_cluster_in_an_empty_root() {
         "broker exit after SIGTERM: {}",
         describe(&out)
     );
-    let command = strings(&side["readinessProbe"]["exec"]["command"], "readinessProbe");
+    let command = strings(&side["livenessProbe"]["exec"]["command"], "livenessProbe");
     let argv: Vec<&str> = command.iter().map(String::as_str).collect();
     let out = chroot(root.path(), Some(uid), &argv, &[]);
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
