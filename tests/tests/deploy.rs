@@ -1560,3 +1560,330 @@ fn rendered_config_serves_probe_and_example_cluster_in_an_empty_root() {
         describe(&out)
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// The optional metrics component, its alerts, the NetworkPolicy example
+// ---------------------------------------------------------------------------------------
+
+/// An overlay with the metrics component (the image-volume overlay plus the component).
+const METRICS_EXAMPLE: &str = "deploy/examples/metrics";
+const METRICS_COMPONENT: &str = "deploy/kueue/components/credbroker-metrics";
+const NETWORK_POLICY_EXAMPLE: &str = "deploy/examples/network-policy";
+
+/// Whether every `key: value` of `selector` is among `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let sel = selector.as_object().expect("matchLabels map");
+    !sel.is_empty() && sel.iter().all(|(k, v)| labels[k] == *v)
+}
+
+#[test]
+fn metrics_component_exposes_the_port_the_config_listens_on() {
+    // Metrics stay off in the shipped overlays.
+    for (dir, _) in OVERLAYS {
+        assert!(
+            broker_config(&render(dir))["metrics"].is_null(),
+            "{dir}: metrics are opt-in (the component)"
+        );
+    }
+    let base = broker_config(&render(OVERLAYS[0].0));
+    let objects = render(METRICS_EXAMPLE);
+    let deployment = find(&objects, "Deployment", DEPLOYMENT);
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let pod = pod_spec(&objects);
+    let side = sidecar(pod);
+
+    // The config: the base config plus metrics.address on all addresses, one ConfigMap.
+    let broker = broker_config(&objects);
+    let address = str_of(&broker["metrics"]["address"], "metrics.address");
+    let (host, port) = address.rsplit_once(':').expect("HOST:PORT");
+    assert_eq!(host, "0.0.0.0", "scraped on the pod IP: {address}");
+    let port: u64 = port.parse().expect("a port number");
+    let mut without_metrics = broker.clone();
+    without_metrics
+        .as_object_mut()
+        .expect("config map")
+        .remove("metrics");
+    assert_eq!(
+        without_metrics, base,
+        "{METRICS_COMPONENT}/credbroker.yaml must be the sidecar component's credbroker.yaml plus `metrics`"
+    );
+    let configs: Vec<_> = all(&objects, "ConfigMap")
+        .into_iter()
+        .filter(|c| str_of(&c["metadata"]["name"], "name").starts_with("credbroker-config"))
+        .collect();
+    assert_eq!(configs.len(), 1, "the component replaces the config");
+    let tmp = tempdir();
+    let file = tmp.path().join("config.yaml");
+    std::fs::write(&file, broker_config_text(&objects)).expect("write config");
+    let out = run_broker_cli(&["check-config".as_ref(), file.as_os_str()]);
+    assert!(out.status.success(), "check-config: {}", describe(&out));
+
+    // The sidecar declares that port; the Service and the PodMonitor reach it.
+    let ports = list(&side["ports"], "sidecar ports");
+    let declared = ports
+        .iter()
+        .find(|p| p["containerPort"].as_u64() == Some(port))
+        .unwrap_or_else(|| panic!("the sidecar declares no containerPort {port}: {ports:?}"));
+    let port_name = str_of(&declared["name"], "port name");
+    let service = all(&objects, "Service")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == "credbroker-metrics")
+        .expect("Service credbroker-metrics");
+    assert_eq!(service["metadata"]["namespace"], NAMESPACE);
+    assert!(
+        selects(&service["spec"]["selector"], pod_labels),
+        "the Service selects Kueue's manager pods: {} vs {pod_labels}",
+        service["spec"]["selector"]
+    );
+    assert_eq!(
+        service["spec"]["ports"][0]["targetPort"].as_u64(),
+        Some(port),
+        "{service}"
+    );
+    let monitor = find(&objects, "PodMonitor", "credbroker");
+    assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(monitor["metadata"]["namespace"], NAMESPACE);
+    assert!(
+        selects(&monitor["spec"]["selector"]["matchLabels"], pod_labels),
+        "the PodMonitor selects Kueue's manager pods: {monitor}"
+    );
+    let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["port"], port_name, "{monitor}");
+    assert_eq!(endpoint["path"], "/metrics", "{monitor}");
+    let rule = find(&objects, "PrometheusRule", "credbroker");
+    assert_eq!(rule["metadata"]["namespace"], NAMESPACE);
+}
+
+/// `credbroker_*` metric names and `label="value"` / `label!="value"` matchers in a PromQL
+/// expression.
+fn promql_references(expr: &str) -> (BTreeSet<String>, Vec<(String, String)>) {
+    let mut names = BTreeSet::new();
+    let mut matchers = Vec::new();
+    let bytes = expr.as_bytes();
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut i = 0;
+    while i < bytes.len() {
+        if !word(bytes[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && word(bytes[i]) {
+            i += 1;
+        }
+        let ident = &expr[start..i];
+        if ident.starts_with("credbroker_") {
+            names.insert(ident.to_owned());
+        }
+        let rest = &expr[i..];
+        let value = rest
+            .strip_prefix("=\"")
+            .or_else(|| rest.strip_prefix("!=\""))
+            .and_then(|r| r.split_once('"'))
+            .map(|(v, _)| v);
+        if let Some(v) = value {
+            matchers.push((ident.to_owned(), v.to_owned()));
+        }
+    }
+    (names, matchers)
+}
+
+#[test]
+fn promql_references_finds_metrics_and_matchers() {
+    let (names, matchers) = promql_references(
+        r#"sum by (provider) (rate(credbroker_requests_total{code!="OK",provider="x"}[5m])) / credbroker_cache_entries"#,
+    );
+    assert_eq!(
+        names,
+        ["credbroker_cache_entries", "credbroker_requests_total"]
+            .map(str::to_owned)
+            .into()
+    );
+    assert_eq!(
+        matchers,
+        [("code", "OK"), ("provider", "x")].map(|(a, b)| (a.to_owned(), b.to_owned()))
+    );
+}
+
+/// Every alert reads metrics a running broker exports, with label values it really uses.
+#[test]
+fn alerts_use_metrics_and_label_values_the_broker_exports() {
+    use credbroker_tests::{Broker, TokenFiles, config_yaml, file_provider, run_shim};
+    let tokens = TokenFiles::new();
+    tokens.write("lab-1", "a-token");
+    let config = config_yaml(&[file_provider("onprem", &tokens.template())])
+        + "metrics: {address: \"127.0.0.1:0\"}\n";
+    let broker = Broker::start(&config);
+    let address = broker
+        .logs()
+        .lines()
+        .find(|l| l.contains("metrics at /metrics"))
+        .and_then(|l| l.split("address=").nth(1))
+        .map(|a| a.split_whitespace().next().expect("address").to_owned())
+        .unwrap_or_else(|| panic!("no metrics address in the log:\n{}", broker.logs()));
+    // One call that works and one whose upstream fails: both outcomes and codes appear.
+    let info = |cluster: &str| {
+        credbroker_tests::exec_info(
+            V1,
+            "https://k8s.example:6443",
+            json!({"clusterName": cluster}),
+        )
+    };
+    let out = run_shim(
+        broker.socket(),
+        &["--provider", "onprem"],
+        Some(&info("lab-1")),
+    );
+    assert_credential(&out, V1);
+    let out = run_shim(
+        broker.socket(),
+        &["--provider", "onprem"],
+        Some(&info("gone")),
+    );
+    assert_shim_error(&out, &["gone"]);
+    let exposition = {
+        use std::io::{Read as _, Write as _};
+        let mut stream = std::net::TcpStream::connect(&address).expect("connect to /metrics");
+        stream
+            .set_read_timeout(Some(COMMAND_TIMEOUT))
+            .expect("timeout");
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .expect("request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("response");
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response
+    };
+    // Sample names from the families' TYPE lines (a counter family without samples yet still
+    // declares its name).
+    let mut exported = BTreeSet::new();
+    for line in exposition.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
+        let suffixes: &[&str] = match kind {
+            "counter" => &["_total"],
+            "histogram" => &["_bucket", "_count", "_sum"],
+            _ => &[""],
+        };
+        for s in suffixes {
+            exported.insert(format!("{name}{s}"));
+        }
+    }
+    // Families without samples yet (stale serving, refresh failures need hours of token
+    // lifetime to happen) print nothing: those names are checked against what
+    // broker/src/metrics.rs registers, with the suffixes the exposition adds.
+    let source = std::fs::read_to_string(repo().join("broker/src/metrics.rs")).expect("metrics.rs");
+    let registered: BTreeSet<String> = source
+        .split("registry.register(")
+        .skip(1)
+        .filter_map(|rest| Some(rest.split('"').nth(1)?.to_owned()))
+        .collect();
+    assert!(registered.contains("requests"), "{registered:?}");
+    let is_registered = |name: &str| {
+        let Some(base) = name.strip_prefix("credbroker_") else {
+            return false;
+        };
+        ["_total", "_count", "_sum", "_bucket", ""]
+            .iter()
+            .any(|s| base.strip_suffix(s).is_some_and(|b| registered.contains(b)))
+    };
+    let code_names: BTreeSet<&str> = (0..17)
+        .map(|c| credbroker_proto::code_name(tonic::Code::from_i32(c)))
+        .collect();
+
+    let rule = find(&render(METRICS_EXAMPLE), "PrometheusRule", "credbroker").clone();
+    let mut used = BTreeSet::new();
+    let mut alerts = 0;
+    for group in list(&rule["spec"]["groups"], "groups") {
+        for r in list(&group["rules"], "rules") {
+            let alert = str_of(&r["alert"], "alert");
+            let expr = str_of(&r["expr"], "expr");
+            alerts += 1;
+            assert!(
+                r["labels"]["severity"].is_string() && r["annotations"]["summary"].is_string(),
+                "{alert}: severity and summary"
+            );
+            let (names, matchers) = promql_references(expr);
+            assert!(!names.is_empty(), "{alert} reads no credbroker metric");
+            for name in &names {
+                assert!(
+                    exported.contains(name) || is_registered(name),
+                    "{alert}: {name} is neither in the broker's /metrics ({exported:?}) nor registered in broker/src/metrics.rs ({registered:?})"
+                );
+            }
+            for (label, value) in matchers {
+                match label.as_str() {
+                    "code" => assert!(
+                        code_names.contains(value.as_str()),
+                        "{alert}: code=\"{value}\" is not a gRPC code name the broker uses"
+                    ),
+                    "outcome" => assert!(
+                        exposition.contains(&format!("outcome=\"{value}\"")),
+                        "{alert}: outcome=\"{value}\" never appears in /metrics"
+                    ),
+                    other => panic!("{alert}: no check for label {other}"),
+                }
+            }
+            used.extend(names);
+        }
+    }
+    assert!(alerts >= 4, "{rule}");
+    // The alerts that matter: upstream failures, stale serving, refreshes failing near expiry,
+    // failing GetToken calls.
+    for needed in [
+        "credbroker_upstream_fetch_duration_seconds_count",
+        "credbroker_cache_stale_served_total",
+        "credbroker_refresh_failures_total",
+        "credbroker_requests_total",
+    ] {
+        assert!(used.contains(needed), "no alert reads {needed}: {used:?}");
+    }
+}
+
+#[test]
+fn network_policy_example_opens_what_the_providers_call() {
+    let policy = render(NETWORK_POLICY_EXAMPLE);
+    let overlay = render(OVERLAYS[0].0);
+    let pod_labels =
+        &find(&overlay, "Deployment", DEPLOYMENT)["spec"]["template"]["metadata"]["labels"];
+    let nps = all(&policy, "NetworkPolicy");
+    assert_eq!(nps.len(), 1);
+    let np = nps[0];
+    assert_eq!(np["metadata"]["namespace"], NAMESPACE);
+    assert!(
+        selects(&np["spec"]["podSelector"]["matchLabels"], pod_labels),
+        "selects Kueue's manager pod: {np}"
+    );
+    assert_eq!(np["spec"]["policyTypes"], json!(["Egress"]));
+    // (cidr or "peer", port, protocol) reachable.
+    let mut open = BTreeSet::new();
+    for rule in list(&np["spec"]["egress"], "egress") {
+        for to in list(&rule["to"], "to") {
+            let peer = to["ipBlock"]["cidr"]
+                .as_str()
+                .unwrap_or("selector")
+                .to_owned();
+            for p in list(&rule["ports"], "ports") {
+                open.insert((
+                    peer.clone(),
+                    p["port"].as_u64().expect("numeric port"),
+                    str_of(&p["protocol"], "protocol").to_owned(),
+                ));
+            }
+        }
+    }
+    for want in [
+        ("selector", 53, "UDP"),           // DNS
+        ("0.0.0.0/0", 443, "TCP"),         // STS, Entra ID, Google, workers
+        ("169.254.169.254/32", 80, "TCP"), // AWS/Azure IMDS, GCE metadata
+        ("169.254.170.23/32", 80, "TCP"),  // EKS Pod Identity agent
+    ] {
+        let want = (want.0.to_owned(), want.1, want.2.to_owned());
+        assert!(open.contains(&want), "{want:?} not open: {open:?}");
+    }
+}
