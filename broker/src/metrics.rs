@@ -57,6 +57,7 @@ pub struct Metrics {
     refresh_failures: Family<ProviderLabels, Counter>,
     upstream_duration: Family<UpstreamLabels, Histogram, fn() -> Histogram>,
     entries: Gauge,
+    rate_limited: Counter,
 }
 
 impl Default for Metrics {
@@ -113,6 +114,13 @@ impl Metrics {
         );
         let entries = Gauge::default();
         registry.register("cache_entries", "Entries in the cache", entries.clone());
+        // No uid label: the rate limiter's warn lines name the uid.
+        let rate_limited = Counter::default();
+        registry.register(
+            "rate_limited",
+            "Calls refused by the per-caller rate limit (RESOURCE_EXHAUSTED)",
+            rate_limited.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         registry.register("build_info", "The broker's version", build.clone());
         build
@@ -129,7 +137,13 @@ impl Metrics {
             refresh_failures,
             upstream_duration,
             entries,
+            rate_limited,
         }
+    }
+
+    /// The counter the rate limiter increments for each call it refuses.
+    pub fn rate_limited(&self) -> Counter {
+        self.rate_limited.clone()
     }
 
     /// One GetToken call and, when it was answered, how.

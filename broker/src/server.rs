@@ -519,7 +519,10 @@ pub async fn serve(
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
-        .layer(RateLimitLayer::new(&config.rate_limit))
+        .layer(RateLimitLayer::new(
+            &config.rate_limit,
+            broker.metrics().rate_limited(),
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

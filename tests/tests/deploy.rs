@@ -1711,8 +1711,9 @@ fn alerts_use_metrics_and_label_values_the_broker_exports() {
     use credbroker_tests::{Broker, TokenFiles, config_yaml, file_provider, run_shim};
     let tokens = TokenFiles::new();
     tokens.write("lab-1", "a-token");
+    // A tiny rate limit, so that a burst of calls meets it.
     let config = config_yaml(&[file_provider("onprem", &tokens.template())])
-        + "metrics: {address: \"127.0.0.1:0\"}\n";
+        + "metrics: {address: \"127.0.0.1:0\"}\nrateLimit: {perSecond: 1, burst: 2}\n";
     let broker = Broker::start(&config);
     let address = broker
         .logs()
@@ -1741,6 +1742,15 @@ fn alerts_use_metrics_and_label_values_the_broker_exports() {
         Some(&info("gone")),
     );
     assert_shim_error(&out, &["gone"]);
+    let limited = (0..10).any(|_| {
+        let out = run_shim(
+            broker.socket(),
+            &["--provider", "onprem"],
+            Some(&info("lab-1")),
+        );
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("RESOURCE_EXHAUSTED")
+    });
+    assert!(limited, "no call met rateLimit {{perSecond: 1, burst: 2}}");
     let exposition = {
         use std::io::{Read as _, Write as _};
         let mut stream = std::net::TcpStream::connect(&address).expect("connect to /metrics");
@@ -1833,9 +1843,17 @@ fn alerts_use_metrics_and_label_values_the_broker_exports() {
         }
     }
     assert!(alerts >= 4, "{rule}");
+    // A refused call is counted: the rate-limit alert has something to read.
+    assert!(
+        exposition
+            .lines()
+            .any(|l| l.starts_with("credbroker_rate_limited_total ") && !l.ends_with(" 0")),
+        "rate-limited calls are not counted:\n{exposition}"
+    );
     // The alerts that matter: upstream failures, stale serving, refreshes failing near expiry,
-    // failing GetToken calls.
+    // failing GetToken calls, rate-limited callers.
     for needed in [
+        "credbroker_rate_limited_total",
         "credbroker_upstream_fetch_duration_seconds_count",
         "credbroker_cache_stale_served_total",
         "credbroker_refresh_failures_total",
