@@ -1715,6 +1715,10 @@ fn alerts_use_metrics_and_label_values_the_broker_exports() {
     let config = config_yaml(&[file_provider("onprem", &tokens.template())])
         + "metrics: {address: \"127.0.0.1:0\"}\nrateLimit: {perSecond: 1, burst: 2}\n";
     let broker = Broker::start(&config);
+    // The listener's log line may trail the socket by a moment.
+    wait_until(BROKER_TIMEOUT, || {
+        broker.logs().contains("metrics at /metrics")
+    });
     let address = broker
         .logs()
         .lines()
