@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# Builds the static binaries and lays out the content of the credbroker container image:
+# Builds the static binaries and lays out the whole root filesystem of the credbroker image:
 #
-#   OUT/bin/credbroker                  the broker (the sidecar's entrypoint)
-#   OUT/plugins/bin/credbroker-shim     the exec plugin (what the manager container runs)
+#   OUT/bin/credbroker                      the broker (the sidecar's entrypoint)
+#   OUT/plugins/bin/credbroker-shim         the exec plugin (what the manager container runs)
+#   OUT/etc/ssl/certs/ca-certificates.crt   CA bundle (the providers' https calls; the system
+#                                           store the broker reads)
+#   OUT/etc/passwd, OUT/etc/group           root and nonroot (65532), the image's user
 #
-# deploy/Containerfile copies OUT onto a distroless/static base, so this script is the
-# whole build: what it checks here (static, right paths) is what the image holds.
-# tests/tests/deploy.rs runs it (with --profile debug, to stay fast) and runs both
-# binaries in an empty root.
+# scripts/build-image.sh puts OUT on an empty base (buildah, OCI archive); deploy/Containerfile
+# copies OUT onto `scratch` for Docker users: both images hold exactly these files.
+# tests/tests/deploy.rs runs this script (with --profile debug, to stay fast) and runs both
+# binaries in an empty root; tests/tests/image.rs builds and runs the image.
 #
-# Usage: scripts/image-content.sh [--profile PROFILE] [--out DIR]
+# Usage: scripts/image-content.sh [--profile PROFILE] [--out DIR] [--ca-bundle FILE]
 #   --profile release   (default) broker with --release, shim with --profile shim
 #                       (size-optimised); what the image ships.
 #   --profile debug     both binaries from the dev profile: a quick build for tests.
 #   --profile NAME      both binaries from the Cargo profile NAME.
 #   --out DIR           where to lay out the content (default target/image-content).
 #                       DIR must be empty, missing, or a previous output of this script.
+#   --ca-bundle FILE    PEM CA bundle to ship (default /etc/ssl/certs/ca-certificates.crt,
+#                       Debian's ca-certificates).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,28 +28,34 @@ die() { printf 'scripts/image-content.sh: %s\n' "$*" >&2; exit 1; }
 
 profile=release
 out=target/image-content
+ca_bundle=/etc/ssl/certs/ca-certificates.crt
 while [ $# -gt 0 ]; do
     case "$1" in
         --profile) [ $# -ge 2 ] || die "--profile needs a value"; profile=$2; shift 2 ;;
         --profile=*) profile=${1#--profile=}; shift ;;
         --out) [ $# -ge 2 ] || die "--out needs a value"; out=$2; shift 2 ;;
         --out=*) out=${1#--out=}; shift ;;
-        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --ca-bundle) [ $# -ge 2 ] || die "--ca-bundle needs a value"; ca_bundle=$2; shift 2 ;;
+        --ca-bundle=*) ca_bundle=${1#--ca-bundle=}; shift ;;
+        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument: $1 (see --help)" ;;
     esac
 done
 [ -n "$profile" ] || die "--profile must not be empty"
 [ -n "$out" ] || die "--out must not be empty"
+[ -f "$ca_bundle" ] || die "--ca-bundle $ca_bundle is missing (install ca-certificates, or name a PEM bundle)"
+grep -q -- '-----BEGIN CERTIFICATE-----' "$ca_bundle" || die "--ca-bundle $ca_bundle holds no PEM certificate"
 
 command -v readelf >/dev/null 2>&1 || die "readelf (binutils) is needed to check that the binaries are static"
 
 # The only files this script ever writes into OUT; anything else there means OUT is not ours.
-layout=(bin/credbroker plugins/bin/credbroker-shim)
+layout=(bin/credbroker plugins/bin/credbroker-shim etc/ssl/certs/ca-certificates.crt etc/passwd etc/group)
+dirs=(bin plugins plugins/bin etc etc/ssl etc/ssl/certs)
 if [ -e "$out" ]; then
     [ -d "$out" ] || die "--out $out exists and is not a directory"
-    unexpected=$(cd "$out" && find . -mindepth 1 \
-        ! -path ./bin ! -path ./plugins ! -path ./plugins/bin \
-        ! -path ./bin/credbroker ! -path ./plugins/bin/credbroker-shim -print -quit)
+    ours=()
+    for p in "${dirs[@]}" "${layout[@]}"; do ours+=(! -path "./$p"); done
+    unexpected=$(cd "$out" && find . -mindepth 1 "${ours[@]}" -print -quit)
     [ -z "$unexpected" ] || die "--out $out holds files this script did not write (e.g. $unexpected); use an empty directory"
 fi
 
@@ -80,7 +91,13 @@ for src in "$broker_src" "$shim_src"; do
     fi
 done
 
-mkdir -p "$out/bin" "$out/plugins/bin"
+mkdir -p "$out/bin" "$out/plugins/bin" "$out/etc/ssl/certs"
 install -m 0755 "$broker_src" "$out/${layout[0]}"
 install -m 0755 "$shim_src" "$out/${layout[1]}"
+install -m 0644 "$ca_bundle" "$out/${layout[2]}"
+# 65532 "nonroot": distroless's user, and Kueue's manager image's (USER 65532:65532), so the
+# socket's owner has a name in both containers. No shell: nobody logs in.
+printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' >"$out/${layout[3]}"
+printf '%s\n' 'root:x:0:' 'nonroot:x:65532:' >"$out/${layout[4]}"
+chmod 0644 "$out/${layout[3]}" "$out/${layout[4]}"
 printf '%s\n' "${layout[@]/#/$out/}"

@@ -53,6 +53,12 @@ have openssl || die "openssl is missing and could not be installed"
 # setpriv runs callers under another uid (authorization tests).
 have setpriv || apt_install util-linux
 have setpriv || die "setpriv (util-linux) is missing and could not be installed"
+# The image: buildah builds the OCI archive without a daemon (scripts/build-image.sh), skopeo
+# inspects it (tests/tests/image.rs).
+have buildah || apt_install buildah
+have buildah || die "buildah is missing and could not be installed"
+have skopeo || apt_install skopeo
+have skopeo || die "skopeo is missing and could not be installed"
 printf 'kubectl: %s\ngrpcurl: %s\n' "$(kubectl version --client 2>/dev/null | head -1)" "$(grpcurl -version 2>&1)"
 
 say "format and lints"

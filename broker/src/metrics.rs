@@ -69,6 +69,7 @@ pub struct Metrics {
     refresh_failures: Family<ProviderLabels, Counter>,
     upstream_duration: Family<UpstreamLabels, Histogram, fn() -> Histogram>,
     entries: Gauge,
+    rate_limited: Counter,
 }
 
 impl Default for Metrics {
@@ -125,6 +126,13 @@ impl Metrics {
         );
         let entries = Gauge::default();
         registry.register("cache_entries", "Entries in the cache", entries.clone());
+        // No uid label: the rate limiter's warn lines name the uid.
+        let rate_limited = Counter::default();
+        registry.register(
+            "rate_limited",
+            "Calls refused by the per-caller rate limit (RESOURCE_EXHAUSTED)",
+            rate_limited.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         registry.register("build_info", "The broker's version", build.clone());
         build
@@ -141,7 +149,13 @@ impl Metrics {
             refresh_failures,
             upstream_duration,
             entries,
+            rate_limited,
         }
+    }
+
+    /// The counter the rate limiter increments for each call it refuses.
+    pub fn rate_limited(&self) -> Counter {
+        self.rate_limited.clone()
     }
 
     /// One GetToken call and, when it was answered, how. `provider` is a configured name or

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 use tonic::transport::server::UdsConnectInfo;
 
@@ -29,12 +30,15 @@ pub const REFUSAL_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_
 #[derive(Debug, Clone)]
 pub struct RateLimitLayer {
     limiter: Arc<Limiter>,
+    refused: Counter,
 }
 
 impl RateLimitLayer {
-    pub fn new(config: &RateLimitConfig) -> Self {
+    /// `refused` counts the calls the limit refuses (`credbroker_rate_limited_total`).
+    pub fn new(config: &RateLimitConfig, refused: Counter) -> Self {
         Self {
             limiter: Arc::new(Limiter::new(config)),
+            refused,
         }
     }
 }
@@ -46,6 +50,7 @@ impl<S> tower::Layer<S> for RateLimitLayer {
         RateLimit {
             inner,
             limiter: self.limiter.clone(),
+            refused: self.refused.clone(),
         }
     }
 }
@@ -126,6 +131,7 @@ impl Limiter {
 pub struct RateLimit<S> {
     inner: S,
     limiter: Arc<Limiter>,
+    refused: Counter,
 }
 
 impl<S, B> tower::Service<http::Request<B>> for RateLimit<S>
@@ -166,6 +172,7 @@ where
         if decision.allowed {
             return futures_util::future::Either::Left(self.inner.call(req));
         }
+        self.refused.inc();
         let status = tonic::Status::resource_exhausted(format!(
             "caller uid {uid} exceeded the rate limit of {}/s (burst {}); slow down or raise rateLimit in the broker config",
             self.limiter.per_second, self.limiter.burst

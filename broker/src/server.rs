@@ -622,7 +622,10 @@ pub async fn serve(
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .layer(ActivityLayer)
-        .layer(RateLimitLayer::new(&config.rate_limit))
+        .layer(RateLimitLayer::new(
+            &config.rate_limit,
+            broker.metrics().rate_limited(),
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

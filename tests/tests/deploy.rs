@@ -50,6 +50,21 @@ const NONROOT: u32 = 65532;
 /// Bound for the image-content script (a cold debug build of both binaries).
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
+/// What `scripts/image-content.sh` lays out: the image's whole root filesystem, sorted.
+const IMAGE_FILES: [&str; 5] = [
+    "bin/credbroker",
+    "etc/group",
+    "etc/passwd",
+    "etc/ssl/certs/ca-certificates.crt",
+    "plugins/bin/credbroker-shim",
+];
+/// The sidecar's probes. No readinessProbe: a native sidecar's readiness counts toward the
+/// pod's, and the pod backs `kueue-webhook-service`, whose webhooks fail closed.
+const SIDECAR_PROBES: [&str; 2] = ["startupProbe", "livenessProbe"];
+/// The only architecture the image is built for (the workspace targets x86_64-unknown-linux-gnu).
+const IMAGE_ARCH: &str = "amd64";
+const ARCH_LABEL: &str = "kubernetes.io/arch";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Delivery {
     ImageVolume,
@@ -443,7 +458,7 @@ fn sidecar_is_a_hardened_native_sidecar_sharing_the_socket_with_the_manager() {
         // The probes: `credbroker health` from the sidecar's own image, over the socket the
         // broker config names, bounded before the kubelet's own timeout.
         let socket_path = str_of(&broker["socket"]["path"], "socket.path");
-        for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        for probe in SIDECAR_PROBES {
             let command = strings(
                 &side[probe]["exec"]["command"],
                 &format!("{probe}.exec.command"),
@@ -486,6 +501,139 @@ fn sidecar_is_a_hardened_native_sidecar_sharing_the_socket_with_the_manager() {
             "{dir}: allowedUids {allowed:?} must admit Kueue's manager (uid {NONROOT})"
         );
     }
+}
+
+/// `target` as a path relative to the directory `from` (kustomize refuses absolute paths).
+fn relative_to(from: &Path, target: &Path) -> PathBuf {
+    let mut rel = PathBuf::new();
+    for _ in from.components().skip(1) {
+        rel.push("..");
+    }
+    rel.join(target.strip_prefix("/").expect("absolute target"))
+}
+
+/// Item 8 of issue 13: the sidecar's readiness must not depend on credentials. Kueue's manager
+/// pod backs its webhook Service (`failurePolicy: Fail`): a sidecar readinessProbe failing on a
+/// NOT_SERVING broker would take the pod out of the endpoints and refuse every Job cluster-wide.
+#[test]
+fn sidecar_probes_gate_startup_and_liveness_but_never_the_pods_readiness() {
+    for (dir, _) in OVERLAYS {
+        let objects = render(dir);
+        let side = sidecar(pod_spec(&objects));
+        assert!(
+            side["readinessProbe"].is_null(),
+            "{dir}: a sidecar readinessProbe counts toward the pod's readiness (Kueue's webhooks): {}",
+            side["readinessProbe"]
+        );
+        for probe in SIDECAR_PROBES {
+            let command = strings(
+                &side[probe]["exec"]["command"],
+                &format!("{dir}: {probe}.exec.command"),
+            );
+            assert_eq!(
+                command[..2],
+                ["/bin/credbroker", "health"],
+                "{dir}: {probe}"
+            );
+        }
+        // The manager starts only after the socket exists: the startup probe gates it, and
+        // keeps trying long enough for a slow node (at least 10 s).
+        let startup = &side["startupProbe"];
+        let budget = startup["periodSeconds"].as_u64().unwrap_or(10)
+            * startup["failureThreshold"].as_u64().unwrap_or(3);
+        assert!(budget >= 10, "{dir}: startupProbe gives up after {budget}s");
+    }
+}
+
+/// Item 9 of issue 13: the image is amd64 only, so the pod is pinned to amd64 nodes, merged
+/// into whatever node selection Kueue's Deployment already has.
+#[test]
+fn pods_are_pinned_to_amd64_without_clobbering_kueues_node_selection() {
+    for (dir, _) in OVERLAYS {
+        let objects = render(dir);
+        let pod = pod_spec(&objects);
+        assert_eq!(
+            pod["nodeSelector"][ARCH_LABEL], IMAGE_ARCH,
+            "{dir}: the image runs on {IMAGE_ARCH} only: {}",
+            pod["nodeSelector"]
+        );
+    }
+
+    // A Kueue installation that already selects nodes (nodeSelector and affinity) keeps them.
+    let tmp = tempdir();
+    let base = tmp.path().join("kueue");
+    let overlay = tmp.path().join("overlay");
+    std::fs::create_dir_all(&base).expect("mkdir");
+    std::fs::create_dir_all(&overlay).expect("mkdir");
+    let kueue_install = relative_to(&base, &repo().join("deploy/kueue/kueue-install"));
+    std::fs::write(
+        base.join("kustomization.yaml"),
+        format!(
+            r#"resources:
+  - {}
+patches:
+  - patch: |-
+      apiVersion: apps/v1
+      kind: Deployment
+      metadata: {{name: {DEPLOYMENT}, namespace: {NAMESPACE}}}
+      spec:
+        template:
+          spec:
+            nodeSelector: {{node-role.example.com/system: "true"}}
+            affinity:
+              nodeAffinity:
+                requiredDuringSchedulingIgnoredDuringExecution:
+                  nodeSelectorTerms:
+                    - matchExpressions:
+                        - {{key: kubernetes.io/os, operator: In, values: [linux]}}
+"#,
+            kueue_install.display()
+        ),
+    )
+    .expect("write base");
+    let components = relative_to(&overlay, &repo().join("deploy/kueue/components"));
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "resources:
+  - ../kueue
+components:
+  - {}
+  - {}
+",
+            components.join("credbroker-sidecar").display(),
+            components.join("shim-image-volume").display()
+        ),
+    )
+    .expect("write overlay");
+    let out = run(
+        Command::new(kubectl()).arg("kustomize").arg(&overlay),
+        COMMAND_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "kubectl kustomize: {}",
+        describe(&out)
+    );
+    let objects = parse_yaml_stream(&String::from_utf8_lossy(&out.stdout), "custom overlay");
+    let pod = pod_spec(&objects);
+    assert_eq!(
+        pod["nodeSelector"][ARCH_LABEL], IMAGE_ARCH,
+        "{}",
+        pod["nodeSelector"]
+    );
+    assert_eq!(
+        pod["nodeSelector"]["node-role.example.com/system"], "true",
+        "Kueue's own nodeSelector is kept: {}",
+        pod["nodeSelector"]
+    );
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["key"],
+        "kubernetes.io/os",
+        "Kueue's own affinity is kept: {}",
+        pod["affinity"]
+    );
 }
 
 #[test]
@@ -970,12 +1118,41 @@ fn image_content_script_lays_out_static_binaries_that_run_in_an_empty_root() {
     files_under(content, content, &mut files);
     files.sort();
     assert_eq!(
-        files,
-        ["bin/credbroker", "plugins/bin/credbroker-shim"],
-        "the image holds exactly the two binaries"
+        files, IMAGE_FILES,
+        "the image holds exactly the two binaries, a CA bundle and the user database"
     );
-    let readelf = require_tool("readelf", "install binutils");
+    let passwd = std::fs::read_to_string(content.join("etc/passwd")).expect("passwd");
+    assert!(
+        passwd
+            .lines()
+            .any(|l| l.starts_with(&format!("nonroot:x:{NONROOT}:{NONROOT}:"))),
+        "/etc/passwd names uid {NONROOT}: {passwd}"
+    );
+    let group = std::fs::read_to_string(content.join("etc/group")).expect("group");
+    assert!(
+        group
+            .lines()
+            .any(|l| l.starts_with(&format!("nonroot:x:{NONROOT}:"))),
+        "/etc/group names gid {NONROOT}: {group}"
+    );
+    let ca = std::fs::read_to_string(content.join("etc/ssl/certs/ca-certificates.crt"))
+        .expect("CA bundle");
+    assert!(
+        ca.matches("-----BEGIN CERTIFICATE-----").count() > 10,
+        "the CA bundle holds the public roots"
+    );
     for f in &files {
+        let mode = content
+            .join(f)
+            .metadata()
+            .expect("stat")
+            .permissions()
+            .mode();
+        let want = if f.contains("bin/") { 0o755 } else { 0o644 };
+        assert_eq!(mode & 0o777, want, "{f}: mode {mode:o}");
+    }
+    let readelf = require_tool("readelf", "install binutils");
+    for f in files.iter().filter(|f| f.contains("bin/")) {
         let path = content.join(f);
         let mode = path.metadata().expect("stat").permissions().mode();
         assert_eq!(mode & 0o777, 0o755, "{f}: mode {mode:o}");
@@ -992,7 +1169,7 @@ fn image_content_script_lays_out_static_binaries_that_run_in_an_empty_root() {
         );
     }
 
-    // An empty root: nothing but the two binaries (no libc, no /etc, no /proc).
+    // An empty root: nothing but the image content (no libc, no shell, no /proc).
     let root = image_root();
     let out = chroot(
         root.path(),
@@ -1054,7 +1231,7 @@ fn image_content_script_refuses_a_directory_it_did_not_write() {
 }
 
 #[test]
-fn containerfile_copies_the_script_output_onto_distroless() {
+fn containerfile_copies_the_script_output_onto_an_empty_base() {
     let text = std::fs::read_to_string(repo().join(CONTAINERFILE)).expect("read Containerfile");
     let lines: Vec<&str> = text
         .lines()
@@ -1068,8 +1245,8 @@ fn containerfile_copies_the_script_output_onto_distroless() {
         .collect();
     let last = stages.last().expect("a FROM");
     assert!(
-        last.starts_with("FROM gcr.io/distroless/static-debian12:nonroot"),
-        "the default (last) stage is distroless static nonroot: {last}"
+        last.starts_with("FROM scratch "),
+        "the default (last) stage is the script's output on an empty base, as scripts/build-image.sh builds it: {last}"
     );
     assert!(
         lines.contains(&"RUN scripts/image-content.sh --profile release --out /image-content"),
@@ -1085,7 +1262,10 @@ fn containerfile_copies_the_script_output_onto_distroless() {
         final_stage,
         [
             *last,
+            "ARG VERSION=unknown",
+            "ARG REVISION=unknown",
             "COPY --from=content /image-content/ /",
+            "LABEL org.opencontainers.image.source=\"https://github.com/credbroker/credbroker\" org.opencontainers.image.version=\"${VERSION}\" org.opencontainers.image.revision=\"${REVISION}\"",
             "USER 65532:65532",
             "ENTRYPOINT [\"/bin/credbroker\"]",
             "CMD [\"serve\", \"--config\", \"/etc/credbroker/config.yaml\"]",
@@ -1303,8 +1483,26 @@ fn rendered_config_serves_probe_and_example_cluster_in_an_empty_root() {
         panic!("the broker in the chroot never listened on {socket}: {out:?}");
     }
 
+    // A cluster whose token is missing: GetToken fails, and the probes must not care (a
+    // credential problem never restarts the sidecar nor touches the pod's readiness).
+    let mut argv = vec![str_of(&exec["command"], "command")];
+    let exec_args = strings(&exec["args"], "args");
+    argv.extend(exec_args.iter().map(String::as_str));
+    let mut missing = cluster.clone();
+    missing["extensions"] = json!([{
+        "name": EXEC_EXTENSION,
+        "extension": {"clusterName": "no-such-cluster"},
+    }]);
+    let out = chroot(
+        root.path(),
+        Some(NONROOT),
+        &argv,
+        &[("KUBERNETES_EXEC_INFO", &exec_info_for(exec, &missing))],
+    );
+    assert_shim_error(&out, &["no-such-cluster"]);
+
     // The sidecar's probes, as the kubelet runs them (inside the sidecar, as its uid).
-    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+    for probe in SIDECAR_PROBES {
         let command = strings(&side[probe]["exec"]["command"], probe);
         let argv: Vec<&str> = command.iter().map(String::as_str).collect();
         let out = chroot(root.path(), Some(uid), &argv, &[]);
@@ -1316,9 +1514,6 @@ fn rendered_config_serves_probe_and_example_cluster_in_an_empty_root() {
     }
 
     // Kueue's exec entry, as client-go runs it for the on-prem example (as the manager's uid).
-    let mut argv = vec![str_of(&exec["command"], "command")];
-    let exec_args = strings(&exec["args"], "args");
-    argv.extend(exec_args.iter().map(String::as_str));
     let info = exec_info_for(exec, cluster);
     let out = chroot(
         root.path(),
@@ -1355,7 +1550,7 @@ fn rendered_config_serves_probe_and_example_cluster_in_an_empty_root() {
         "broker exit after SIGTERM: {}",
         describe(&out)
     );
-    let command = strings(&side["readinessProbe"]["exec"]["command"], "readinessProbe");
+    let command = strings(&side["livenessProbe"]["exec"]["command"], "livenessProbe");
     let argv: Vec<&str> = command.iter().map(String::as_str).collect();
     let out = chroot(root.path(), Some(uid), &argv, &[]);
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
@@ -1364,4 +1559,353 @@ fn rendered_config_serves_probe_and_example_cluster_in_an_empty_root() {
         "{}",
         describe(&out)
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// The optional metrics component, its alerts, the NetworkPolicy example
+// ---------------------------------------------------------------------------------------
+
+/// An overlay with the metrics component (the image-volume overlay plus the component).
+const METRICS_EXAMPLE: &str = "deploy/examples/metrics";
+const METRICS_COMPONENT: &str = "deploy/kueue/components/credbroker-metrics";
+const NETWORK_POLICY_EXAMPLE: &str = "deploy/examples/network-policy";
+
+/// Whether every `key: value` of `selector` is among `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let sel = selector.as_object().expect("matchLabels map");
+    !sel.is_empty() && sel.iter().all(|(k, v)| labels[k] == *v)
+}
+
+#[test]
+fn metrics_component_exposes_the_port_the_config_listens_on() {
+    // Metrics stay off in the shipped overlays.
+    for (dir, _) in OVERLAYS {
+        assert!(
+            broker_config(&render(dir))["metrics"].is_null(),
+            "{dir}: metrics are opt-in (the component)"
+        );
+    }
+    let base = broker_config(&render(OVERLAYS[0].0));
+    let objects = render(METRICS_EXAMPLE);
+    let deployment = find(&objects, "Deployment", DEPLOYMENT);
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let pod = pod_spec(&objects);
+    let side = sidecar(pod);
+
+    // The config: the base config plus metrics.address on all addresses, one ConfigMap.
+    let broker = broker_config(&objects);
+    let address = str_of(&broker["metrics"]["address"], "metrics.address");
+    let (host, port) = address.rsplit_once(':').expect("HOST:PORT");
+    assert_eq!(host, "0.0.0.0", "scraped on the pod IP: {address}");
+    let port: u64 = port.parse().expect("a port number");
+    let mut without_metrics = broker.clone();
+    without_metrics
+        .as_object_mut()
+        .expect("config map")
+        .remove("metrics");
+    assert_eq!(
+        without_metrics, base,
+        "{METRICS_COMPONENT}/credbroker.yaml must be the sidecar component's credbroker.yaml plus `metrics`"
+    );
+    let configs: Vec<_> = all(&objects, "ConfigMap")
+        .into_iter()
+        .filter(|c| str_of(&c["metadata"]["name"], "name").starts_with("credbroker-config"))
+        .collect();
+    assert_eq!(configs.len(), 1, "the component replaces the config");
+    let tmp = tempdir();
+    let file = tmp.path().join("config.yaml");
+    std::fs::write(&file, broker_config_text(&objects)).expect("write config");
+    let out = run_broker_cli(&["check-config".as_ref(), file.as_os_str()]);
+    assert!(out.status.success(), "check-config: {}", describe(&out));
+
+    // The sidecar declares that port; the Service and the PodMonitor reach it.
+    let ports = list(&side["ports"], "sidecar ports");
+    let declared = ports
+        .iter()
+        .find(|p| p["containerPort"].as_u64() == Some(port))
+        .unwrap_or_else(|| panic!("the sidecar declares no containerPort {port}: {ports:?}"));
+    let port_name = str_of(&declared["name"], "port name");
+    let service = all(&objects, "Service")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == "credbroker-metrics")
+        .expect("Service credbroker-metrics");
+    assert_eq!(service["metadata"]["namespace"], NAMESPACE);
+    assert!(
+        selects(&service["spec"]["selector"], pod_labels),
+        "the Service selects Kueue's manager pods: {} vs {pod_labels}",
+        service["spec"]["selector"]
+    );
+    assert_eq!(
+        service["spec"]["ports"][0]["targetPort"].as_u64(),
+        Some(port),
+        "{service}"
+    );
+    let monitor = find(&objects, "PodMonitor", "credbroker");
+    assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(monitor["metadata"]["namespace"], NAMESPACE);
+    assert!(
+        selects(&monitor["spec"]["selector"]["matchLabels"], pod_labels),
+        "the PodMonitor selects Kueue's manager pods: {monitor}"
+    );
+    let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["port"], port_name, "{monitor}");
+    assert_eq!(endpoint["path"], "/metrics", "{monitor}");
+    let rule = find(&objects, "PrometheusRule", "credbroker");
+    assert_eq!(rule["metadata"]["namespace"], NAMESPACE);
+}
+
+/// `credbroker_*` metric names and `label="value"` / `label!="value"` matchers in a PromQL
+/// expression.
+fn promql_references(expr: &str) -> (BTreeSet<String>, Vec<(String, String)>) {
+    let mut names = BTreeSet::new();
+    let mut matchers = Vec::new();
+    let bytes = expr.as_bytes();
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut i = 0;
+    while i < bytes.len() {
+        if !word(bytes[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && word(bytes[i]) {
+            i += 1;
+        }
+        let ident = &expr[start..i];
+        if ident.starts_with("credbroker_") {
+            names.insert(ident.to_owned());
+        }
+        let rest = &expr[i..];
+        let value = rest
+            .strip_prefix("=\"")
+            .or_else(|| rest.strip_prefix("!=\""))
+            .and_then(|r| r.split_once('"'))
+            .map(|(v, _)| v);
+        if let Some(v) = value {
+            matchers.push((ident.to_owned(), v.to_owned()));
+        }
+    }
+    (names, matchers)
+}
+
+#[test]
+fn promql_references_finds_metrics_and_matchers() {
+    let (names, matchers) = promql_references(
+        r#"sum by (provider) (rate(credbroker_requests_total{code!="OK",provider="x"}[5m])) / credbroker_cache_entries"#,
+    );
+    assert_eq!(
+        names,
+        ["credbroker_cache_entries", "credbroker_requests_total"]
+            .map(str::to_owned)
+            .into()
+    );
+    assert_eq!(
+        matchers,
+        [("code", "OK"), ("provider", "x")].map(|(a, b)| (a.to_owned(), b.to_owned()))
+    );
+}
+
+/// Every alert reads metrics a running broker exports, with label values it really uses.
+#[test]
+fn alerts_use_metrics_and_label_values_the_broker_exports() {
+    use credbroker_tests::{Broker, TokenFiles, config_yaml, file_provider, run_shim};
+    let tokens = TokenFiles::new();
+    tokens.write("lab-1", "a-token");
+    // A tiny rate limit, so that a burst of calls meets it.
+    let config = config_yaml(&[file_provider("onprem", &tokens.template())])
+        + "metrics: {address: \"127.0.0.1:0\"}\nrateLimit: {perSecond: 1, burst: 2}\n";
+    let broker = Broker::start(&config);
+    // The listener's log line may trail the socket by a moment.
+    wait_until(BROKER_TIMEOUT, || {
+        broker.logs().contains("metrics at /metrics")
+    });
+    let address = broker
+        .logs()
+        .lines()
+        .find(|l| l.contains("metrics at /metrics"))
+        .and_then(|l| l.split("address=").nth(1))
+        .map(|a| a.split_whitespace().next().expect("address").to_owned())
+        .unwrap_or_else(|| panic!("no metrics address in the log:\n{}", broker.logs()));
+    // One call that works and one whose upstream fails: both outcomes and codes appear.
+    let info = |cluster: &str| {
+        credbroker_tests::exec_info(
+            V1,
+            "https://k8s.example:6443",
+            json!({"clusterName": cluster}),
+        )
+    };
+    let out = run_shim(
+        broker.socket(),
+        &["--provider", "onprem"],
+        Some(&info("lab-1")),
+    );
+    assert_credential(&out, V1);
+    let out = run_shim(
+        broker.socket(),
+        &["--provider", "onprem"],
+        Some(&info("gone")),
+    );
+    assert_shim_error(&out, &["gone"]);
+    let limited = (0..10).any(|_| {
+        let out = run_shim(
+            broker.socket(),
+            &["--provider", "onprem"],
+            Some(&info("lab-1")),
+        );
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("RESOURCE_EXHAUSTED")
+    });
+    assert!(limited, "no call met rateLimit {{perSecond: 1, burst: 2}}");
+    let exposition = {
+        use std::io::{Read as _, Write as _};
+        let mut stream = std::net::TcpStream::connect(&address).expect("connect to /metrics");
+        stream
+            .set_read_timeout(Some(COMMAND_TIMEOUT))
+            .expect("timeout");
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .expect("request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("response");
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response
+    };
+    // Sample names from the families' TYPE lines (a counter family without samples yet still
+    // declares its name).
+    let mut exported = BTreeSet::new();
+    for line in exposition.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
+        let suffixes: &[&str] = match kind {
+            "counter" => &["_total"],
+            "histogram" => &["_bucket", "_count", "_sum"],
+            _ => &[""],
+        };
+        for s in suffixes {
+            exported.insert(format!("{name}{s}"));
+        }
+    }
+    // Families without samples yet (stale serving, refresh failures need hours of token
+    // lifetime to happen) print nothing: those names are checked against what
+    // broker/src/metrics.rs registers, with the suffixes the exposition adds.
+    let source = std::fs::read_to_string(repo().join("broker/src/metrics.rs")).expect("metrics.rs");
+    let registered: BTreeSet<String> = source
+        .split("registry.register(")
+        .skip(1)
+        .filter_map(|rest| Some(rest.split('"').nth(1)?.to_owned()))
+        .collect();
+    assert!(registered.contains("requests"), "{registered:?}");
+    let is_registered = |name: &str| {
+        let Some(base) = name.strip_prefix("credbroker_") else {
+            return false;
+        };
+        ["_total", "_count", "_sum", "_bucket", ""]
+            .iter()
+            .any(|s| base.strip_suffix(s).is_some_and(|b| registered.contains(b)))
+    };
+    let code_names: BTreeSet<&str> = (0..17)
+        .map(|c| credbroker_proto::code_name(tonic::Code::from_i32(c)))
+        .collect();
+
+    let rule = find(&render(METRICS_EXAMPLE), "PrometheusRule", "credbroker").clone();
+    let mut used = BTreeSet::new();
+    let mut alerts = 0;
+    for group in list(&rule["spec"]["groups"], "groups") {
+        for r in list(&group["rules"], "rules") {
+            let alert = str_of(&r["alert"], "alert");
+            let expr = str_of(&r["expr"], "expr");
+            alerts += 1;
+            assert!(
+                r["labels"]["severity"].is_string() && r["annotations"]["summary"].is_string(),
+                "{alert}: severity and summary"
+            );
+            let (names, matchers) = promql_references(expr);
+            assert!(!names.is_empty(), "{alert} reads no credbroker metric");
+            for name in &names {
+                assert!(
+                    exported.contains(name) || is_registered(name),
+                    "{alert}: {name} is neither in the broker's /metrics ({exported:?}) nor registered in broker/src/metrics.rs ({registered:?})"
+                );
+            }
+            for (label, value) in matchers {
+                match label.as_str() {
+                    "code" => assert!(
+                        code_names.contains(value.as_str()),
+                        "{alert}: code=\"{value}\" is not a gRPC code name the broker uses"
+                    ),
+                    "outcome" => assert!(
+                        exposition.contains(&format!("outcome=\"{value}\"")),
+                        "{alert}: outcome=\"{value}\" never appears in /metrics"
+                    ),
+                    other => panic!("{alert}: no check for label {other}"),
+                }
+            }
+            used.extend(names);
+        }
+    }
+    assert!(alerts >= 4, "{rule}");
+    // A refused call is counted: the rate-limit alert has something to read.
+    assert!(
+        exposition
+            .lines()
+            .any(|l| l.starts_with("credbroker_rate_limited_total ") && !l.ends_with(" 0")),
+        "rate-limited calls are not counted:\n{exposition}"
+    );
+    // The alerts that matter: upstream failures, stale serving, refreshes failing near expiry,
+    // failing GetToken calls, rate-limited callers.
+    for needed in [
+        "credbroker_rate_limited_total",
+        "credbroker_upstream_fetch_duration_seconds_count",
+        "credbroker_cache_stale_served_total",
+        "credbroker_refresh_failures_total",
+        "credbroker_requests_total",
+    ] {
+        assert!(used.contains(needed), "no alert reads {needed}: {used:?}");
+    }
+}
+
+#[test]
+fn network_policy_example_opens_what_the_providers_call() {
+    let policy = render(NETWORK_POLICY_EXAMPLE);
+    let overlay = render(OVERLAYS[0].0);
+    let pod_labels =
+        &find(&overlay, "Deployment", DEPLOYMENT)["spec"]["template"]["metadata"]["labels"];
+    let nps = all(&policy, "NetworkPolicy");
+    assert_eq!(nps.len(), 1);
+    let np = nps[0];
+    assert_eq!(np["metadata"]["namespace"], NAMESPACE);
+    assert!(
+        selects(&np["spec"]["podSelector"]["matchLabels"], pod_labels),
+        "selects Kueue's manager pod: {np}"
+    );
+    assert_eq!(np["spec"]["policyTypes"], json!(["Egress"]));
+    // (cidr or "peer", port, protocol) reachable.
+    let mut open = BTreeSet::new();
+    for rule in list(&np["spec"]["egress"], "egress") {
+        for to in list(&rule["to"], "to") {
+            let peer = to["ipBlock"]["cidr"]
+                .as_str()
+                .unwrap_or("selector")
+                .to_owned();
+            for p in list(&rule["ports"], "ports") {
+                open.insert((
+                    peer.clone(),
+                    p["port"].as_u64().expect("numeric port"),
+                    str_of(&p["protocol"], "protocol").to_owned(),
+                ));
+            }
+        }
+    }
+    for want in [
+        ("selector", 53, "UDP"),           // DNS
+        ("0.0.0.0/0", 443, "TCP"),         // STS, Entra ID, Google, workers
+        ("169.254.169.254/32", 80, "TCP"), // AWS/Azure IMDS, GCE metadata
+        ("169.254.170.23/32", 80, "TCP"),  // EKS Pod Identity agent
+    ] {
+        let want = (want.0.to_owned(), want.1, want.2.to_owned());
+        assert!(open.contains(&want), "{want:?} not open: {open:?}");
+    }
 }

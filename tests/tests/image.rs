@@ -1,0 +1,347 @@
+//! `scripts/build-image.sh`: the credbroker image as an OCI archive, built with buildah from
+//! `scripts/image-content.sh`'s output on an empty base, then inspected and run.
+//!
+//! - the archive's config: user 65532, entrypoint `/bin/credbroker`, the sidecar's default
+//!   args, linux/amd64, the OCI source/version/revision labels;
+//! - its one layer holds exactly the image content (two static binaries, the CA bundle,
+//!   `/etc/passwd` and `/etc/group`), owned by root, with the content's modes;
+//! - run from the archive (`buildah run --isolation chroot`, the image's own user), the broker
+//!   serves a file provider config mounted in, its health check passes, and the shim from the
+//!   same image gets a token over the shared socket.
+//!
+//! The image is built once per test process from a debug-profile content build (release takes
+//! minutes); buildah's storage lives in temp dirs (vfs driver), so nothing is left behind.
+//! Needs root and buildah, skopeo (scripts/test.sh installs them).
+
+use std::collections::BTreeMap;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use credbroker_tests::{
+    BROKER_TIMEOUT, COMMAND_TIMEOUT, Running, V1, assert_credential, describe, exec_info,
+    require_tool, run, send_signal, tempdir, wait_until,
+};
+use serde_json::{Value, json};
+
+/// The image's user (distroless's `nonroot`, Kueue's manager uid).
+const NONROOT: &str = "65532:65532";
+/// Bound for the content script plus the image build (a cold debug build of both binaries).
+const BUILD_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// What the image's root holds: files with their modes (directories aside).
+const IMAGE_FILES: [(&str, &str); 5] = [
+    ("bin/credbroker", "-rwxr-xr-x"),
+    ("etc/group", "-rw-r--r--"),
+    ("etc/passwd", "-rw-r--r--"),
+    ("etc/ssl/certs/ca-certificates.crt", "-rw-r--r--"),
+    ("plugins/bin/credbroker-shim", "-rwxr-xr-x"),
+];
+const SOCKET_IN_IMAGE: &str = "/var/run/credbroker/broker.sock";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .expect("workspace root")
+}
+
+fn buildah_tool() -> PathBuf {
+    require_tool(
+        "buildah",
+        "apt-get install buildah (scripts/test.sh installs it)",
+    )
+}
+
+/// The OCI archive, built once per test process: the debug content, then build-image.sh.
+fn image() -> &'static Path {
+    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        buildah_tool();
+        require_tool("readelf", "install binutils");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("image-test");
+        let content = dir.join("content");
+        let archive = dir.join("credbroker-image.tar");
+        let out = run(
+            Command::new(repo().join("scripts/image-content.sh"))
+                .args(["--profile", "debug", "--out"])
+                .arg(&content),
+            BUILD_TIMEOUT,
+        );
+        assert!(out.status.success(), "image-content.sh: {}", describe(&out));
+        let out = run(
+            Command::new(repo().join("scripts/build-image.sh"))
+                .arg("--content")
+                .arg(&content)
+                .arg("--out")
+                .arg(&archive),
+            BUILD_TIMEOUT,
+        );
+        assert!(out.status.success(), "build-image.sh: {}", describe(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            archive.to_str().expect("UTF-8"),
+            "build-image.sh prints the archive's path"
+        );
+        archive
+    })
+}
+
+fn skopeo_json(args: &[&str]) -> Value {
+    let skopeo = require_tool(
+        "skopeo",
+        "apt-get install skopeo (scripts/test.sh installs it)",
+    );
+    let out = run(
+        Command::new(skopeo)
+            .args(args)
+            .arg(format!("oci-archive:{}", image().display())),
+        COMMAND_TIMEOUT,
+    );
+    assert!(out.status.success(), "skopeo {args:?}: {}", describe(&out));
+    serde_json::from_slice(&out.stdout).expect("skopeo prints JSON")
+}
+
+fn git_head() -> String {
+    let out = run(
+        Command::new("git")
+            .arg("-C")
+            .arg(repo())
+            .args(["rev-parse", "HEAD"]),
+        COMMAND_TIMEOUT,
+    );
+    assert!(out.status.success(), "git rev-parse: {}", describe(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn image_config_and_layer_hold_exactly_the_content() {
+    let config = skopeo_json(&["inspect", "--config"]);
+    let c = &config["config"];
+    assert_eq!(config["os"], "linux", "{config}");
+    assert_eq!(config["architecture"], "amd64", "{config}");
+    assert_eq!(c["User"], NONROOT, "{c}");
+    assert_eq!(c["Entrypoint"], json!(["/bin/credbroker"]), "{c}");
+    assert_eq!(
+        c["Cmd"],
+        json!(["serve", "--config", "/etc/credbroker/config.yaml"]),
+        "the sidecar's args are the image's default: {c}"
+    );
+    let labels = &c["Labels"];
+    let cargo = std::fs::read_to_string(repo().join("Cargo.toml")).expect("Cargo.toml");
+    assert!(
+        cargo.contains(&format!(
+            "repository = \"{}\"",
+            labels["org.opencontainers.image.source"]
+                .as_str()
+                .expect("source label")
+        )),
+        "source label is Cargo.toml's repository: {labels}"
+    );
+    assert_eq!(
+        labels["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION"),
+        "{labels}"
+    );
+    assert_eq!(
+        labels["org.opencontainers.image.revision"],
+        git_head(),
+        "{labels}"
+    );
+
+    // One layer, on no base: its entries are the whole root filesystem.
+    let manifest = skopeo_json(&["inspect", "--raw"]);
+    let layers = manifest["layers"].as_array().expect("layers");
+    assert_eq!(
+        layers.len(),
+        1,
+        "an empty base plus the content: {manifest}"
+    );
+    let digest = layers[0]["digest"].as_str().expect("digest");
+    let blob = format!("blobs/{}", digest.replacen(':', "/", 1));
+    let tmp = tempdir();
+    let out = run(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(image())
+            .arg("-C")
+            .arg(tmp.path())
+            .arg(&blob),
+        COMMAND_TIMEOUT,
+    );
+    assert!(out.status.success(), "extract {blob}: {}", describe(&out));
+    let out = run(
+        Command::new("tar")
+            .args(["-tv", "--numeric-owner", "-f"])
+            .arg(tmp.path().join(&blob)),
+        COMMAND_TIMEOUT,
+    );
+    assert!(out.status.success(), "list the layer: {}", describe(&out));
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let mut files = BTreeMap::new();
+    for line in listing.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (mode, owner, name) = (fields[0], fields[1], fields[fields.len() - 1]);
+        assert_eq!(owner, "0/0", "owned by root: {line}");
+        let name = name.trim_start_matches("./").trim_end_matches('/');
+        if !mode.starts_with('d') {
+            files.insert(name.to_owned(), mode.to_owned());
+        }
+    }
+    let want: BTreeMap<String, String> = IMAGE_FILES
+        .iter()
+        .map(|(f, m)| ((*f).to_owned(), (*m).to_owned()))
+        .collect();
+    assert_eq!(files, want, "the layer:\n{listing}");
+}
+
+/// A buildah container of the archive in its own temp storage, removed on drop.
+struct Container {
+    storage: tempfile::TempDir,
+    name: String,
+}
+
+impl Container {
+    fn from_archive() -> Container {
+        let storage = tempdir();
+        let mut c = Container {
+            storage,
+            name: String::new(),
+        };
+        let out = run(
+            c.buildah()
+                .args(["from", "--quiet"])
+                .arg(format!("oci-archive:{}", image().display())),
+            COMMAND_TIMEOUT,
+        );
+        assert!(out.status.success(), "buildah from: {}", describe(&out));
+        c.name = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        c
+    }
+
+    fn buildah(&self) -> Command {
+        let mut cmd = Command::new(buildah_tool());
+        cmd.arg("--root")
+            .arg(self.storage.path().join("root"))
+            .arg("--runroot")
+            .arg(self.storage.path().join("runroot"))
+            .args(["--storage-driver", "vfs"]);
+        cmd
+    }
+
+    /// `buildah run --isolation chroot` as the image's user, with `mounts` (host, image, options)
+    /// and `env`.
+    fn run_command(&self, mounts: &[(&Path, &str, &str)], env: &[&str], argv: &[&str]) -> Command {
+        let mut cmd = self.buildah();
+        cmd.args(["run", "--isolation", "chroot"]);
+        for (host, at, opts) in mounts {
+            cmd.arg("-v").arg(format!("{}:{at}{opts}", host.display()));
+        }
+        for e in env {
+            cmd.args(["--env", e]);
+        }
+        cmd.arg(&self.name).arg("--").args(argv);
+        cmd
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        if !self.name.is_empty() {
+            let _ = run(self.buildah().arg("rm").arg(&self.name), COMMAND_TIMEOUT);
+        }
+    }
+}
+
+#[test]
+fn broker_and_shim_from_the_image_serve_a_token_end_to_end() {
+    let ctr = Container::from_archive();
+    let dir = tempdir();
+    let (config_dir, socket_dir, tokens_dir) = (
+        dir.path().join("config"),
+        dir.path().join("socket"),
+        dir.path().join("tokens"),
+    );
+    for d in [&config_dir, &socket_dir, &tokens_dir] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    // An emptyDir is world-writable; the broker runs as the image's user, not root.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&socket_dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    std::fs::write(
+        config_dir.join("config.yaml"),
+        format!(
+            "socket:\n  path: {SOCKET_IN_IMAGE}\nproviders:\n  - name: onprem\n    type: file\n    file:\n      path: \"/tokens/{{clusterName}}\"\n"
+        ),
+    )
+    .expect("write config");
+    std::fs::write(tokens_dir.join("lab-1"), "token-served-from-the-image\n").expect("token");
+
+    // The image's ENTRYPOINT and CMD, as the sidecar runs them.
+    let socket_mount = (socket_dir.as_path(), "/var/run/credbroker", "");
+    let mut broker = Running::spawn(&mut ctr.run_command(
+        &[
+            (config_dir.as_path(), "/etc/credbroker", ":ro"),
+            socket_mount,
+            (tokens_dir.as_path(), "/tokens", ":ro"),
+        ],
+        &[],
+        &[
+            "/bin/credbroker",
+            "serve",
+            "--config",
+            "/etc/credbroker/config.yaml",
+        ],
+    ));
+    let host_socket = socket_dir.join("broker.sock");
+    if !wait_until(BROKER_TIMEOUT, || UnixStream::connect(&host_socket).is_ok()) {
+        let out = broker.wait_timeout(Duration::from_secs(1));
+        panic!("the broker in the image never listened: {out:?}");
+    }
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = host_socket.metadata().expect("stat socket");
+    assert_eq!(
+        (meta.uid(), meta.gid()),
+        (65532, 65532),
+        "the broker runs as the image's user"
+    );
+
+    let out = run(
+        &mut ctr.run_command(&[socket_mount], &[], &["/bin/credbroker", "health"]),
+        COMMAND_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "health in the image: {}",
+        describe(&out)
+    );
+
+    let info = exec_info(
+        V1,
+        "https://k8s.lab-1.example.internal:6443",
+        json!({"clusterName": "lab-1"}),
+    );
+    let env = format!("KUBERNETES_EXEC_INFO={info}");
+    let out = run(
+        &mut ctr.run_command(
+            &[socket_mount],
+            &[&env],
+            &["/plugins/bin/credbroker-shim", "--provider", "onprem"],
+        ),
+        COMMAND_TIMEOUT,
+    );
+    let cred = assert_credential(&out, V1);
+    assert_eq!(cred.token, "token-served-from-the-image");
+
+    // buildah passes SIGTERM on to the broker: it stops, and nothing listens any more.
+    send_signal(broker.id(), "TERM");
+    let out = broker.wait(BROKER_TIMEOUT);
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert!(logs.contains("credbroker serving"), "{}", describe(&out));
+    assert!(
+        UnixStream::connect(&host_socket).is_err(),
+        "the broker outlived buildah run: {}",
+        describe(&out)
+    );
+}
