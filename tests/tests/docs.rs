@@ -84,7 +84,7 @@ fn every_doc_block_has_a_kind_and_passes_its_check() {
 #[test]
 fn the_shipped_kueue_config_passes_the_kueue_rules() {
     let text = std::fs::read_to_string(repo_root().join(SHIPPED_KUEUE_CONFIG)).unwrap();
-    check_kueue_config(&text, &FileContext::default()).unwrap();
+    check_kueue_config(&text).unwrap();
 }
 
 #[test]
@@ -146,7 +146,7 @@ fn check_block(block: &Block, ctx: &FileContext) -> Result<(), String> {
         ("yaml", Some("credbroker-providers")) => {
             check_credbroker_config(&format!("providers:\n{}", block.body))
         }
-        ("yaml", Some("kueue-config")) => check_kueue_config(&block.body, ctx),
+        ("yaml", Some("kueue-config")) => check_kueue_config(&block.body),
         ("yaml", Some("kustomize-patch")) => check_kustomize_patch(&block.body),
         ("yaml", Some("kubeconfig")) => check_kubeconfig(&block.body),
         ("yaml", Some("k8s")) => check_k8s(&block.body, ctx),
@@ -278,7 +278,7 @@ fn provider_arg(args: &Value) -> Option<String> {
 }
 
 /// Kueue's validation of the access provider list, and agreement with the shipped config.
-fn check_kueue_config(text: &str, _ctx: &FileContext) -> Result<(), String> {
+fn check_kueue_config(text: &str) -> Result<(), String> {
     let docs = parse_yaml_docs(text)?;
     if docs.len() != 1 {
         return Err(format!(

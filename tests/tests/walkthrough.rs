@@ -17,8 +17,8 @@ use std::time::Duration;
 use credbroker_tests::doc_blocks::{Block, blocks_of, repo_root};
 use credbroker_tests::{Running, bin, describe, run, tempdir};
 
-/// How many times the block is pasted: the race the issue reported (the shim before the
-/// socket) failed about two runs in three, so ten clean runs leave it no room.
+/// How many times the block is pasted: without the wait for the socket, the shim ran before
+/// the broker had made it in about two runs in three, so ten clean runs leave that no room.
 const RUNS: usize = 10;
 /// One whole run: a no-op `cargo build`, a broker start, four shims, a clean stop.
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
