@@ -418,6 +418,8 @@ fn check_kustomize_patch(patch: &str) -> Result<(), String> {
 
 /// `to` as a path relative to `from` (kustomize refuses absolute resource paths).
 fn relative_to(from: &Path, to: &Path) -> String {
+    // `..` is resolved on the real path, so count the real path's components.
+    let from = from.canonicalize().expect("temp dir exists");
     let up = "../".repeat(from.components().count() - 1);
     format!(
         "{up}{}",
