@@ -10,6 +10,7 @@
 //! - [`ExecPlugin`]: a counting kubeconfig exec plugin for the broker's `exec` provider;
 //! - [`FakeApiServer`]: an HTTPS Kubernetes API stand-in that checks bearer tokens;
 //! - [`kube_api::FakeKubeApi`]: an HTTPS API server serving list and watch of Secrets;
+//! - [`doc_blocks`]: the fenced blocks of README.md and docs/, by kind (docs are tested);
 //! - [`write_kubeconfig`] / [`kubectl`], [`grpcurl`], [`unix_channel`], [`HungServer`].
 //!
 //! Every wait is bounded and every child process is killed when its owner is dropped.
@@ -35,6 +36,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+pub mod doc_blocks;
 pub mod kube_api;
 pub mod modal_plugin;
 

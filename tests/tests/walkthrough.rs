@@ -1,61 +1,203 @@
-//! The README's walk-through, step by step, on the config and exec info it ships
-//! (`examples/demo/`), moved from /tmp/credbroker-demo into a temp dir.
+//! The README's walk-through, exactly as a user pastes it: the `sh run` block is read from
+//! README.md (not copied here) and fed on stdin to `sh` and to `bash`, from the repository
+//! root, [`RUNS`] times in all. Each run must print the three credentials, the one-line error
+//! for the unknown provider, log a cache hit, and leave no socket and no broker behind.
+//!
+//! The block works in `/tmp/credbroker-demo` (the demo config names that path). So that
+//! parallel test runs do not share it, each run gets its own `/tmp`: a private mount
+//! namespace with a temp dir bound over `/tmp`, in a pid namespace so nothing outlives the run
+//! (`unshare`). Where that is not permitted, the runs use the real `/tmp/credbroker-demo`
+//! under an exclusive `flock`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
 
-use credbroker_tests::{
-    Broker, V1, assert_credential, assert_shim_error, describe, run_broker_cli, run_shim, tempdir,
-};
+use credbroker_tests::doc_blocks::{Block, blocks_of, repo_root};
+use credbroker_tests::{Running, bin, describe, run, tempdir};
 
-fn demo(file: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/demo")
-        .join(file)
+/// How many times the block is pasted: without the wait for the socket, the shim ran before
+/// the broker had made it in about two runs in three, so ten clean runs leave that no room.
+const RUNS: usize = 10;
+/// One whole run: a no-op `cargo build`, a broker start, four shims, a clean stop.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+const DEMO: &str = "/tmp/credbroker-demo";
+
+/// The README's `run` block that drives the shim.
+fn walkthrough() -> Block {
+    let blocks = blocks_of(&repo_root(), "README.md");
+    let mut runs = blocks
+        .into_iter()
+        .filter(|b| b.kind.as_deref() == Some("run") && b.body.contains("credbroker-shim"));
+    let block = runs
+        .next()
+        .expect("README.md has a `sh run` block with the walk-through");
+    assert!(
+        runs.next().is_none(),
+        "one walk-through block expected in README.md"
+    );
+    block
+}
+
+/// Whether this machine lets us bind a private `/tmp` in a new mount namespace.
+fn can_unshare() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        let dir = tempdir();
+        Command::new("unshare")
+            .args([
+                "--mount",
+                "--pid",
+                "--fork",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+            ])
+            .arg("mount --bind \"$1\" /tmp")
+            .arg("sh")
+            .arg(dir.path())
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// Runs `script` (a file) as stdin of `shell` in the repository root, with `/tmp` private
+/// when possible; returns the output and where `/tmp/credbroker-demo` was for this run.
+fn paste(shell: &str, script: &Path, tmp: &Path) -> (Output, PathBuf) {
+    let repo = repo_root();
+    let mut cmd;
+    let demo;
+    if can_unshare() {
+        // A pid namespace too: whatever the block leaves running dies with its shell.
+        cmd = Command::new("unshare");
+        cmd.args([
+            "--mount",
+            "--pid",
+            "--fork",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+        ])
+        // The script is opened before /tmp is replaced: it may live there.
+        .arg("exec 9<\"$4\" && mount --bind \"$1\" /tmp && cd \"$2\" && exec \"$3\" <&9 9<&-")
+        .arg("sh")
+        .arg(tmp)
+        .arg(&repo)
+        .arg(shell)
+        .arg(script);
+        demo = tmp.join("credbroker-demo");
+    } else {
+        cmd = Command::new("flock");
+        cmd.arg("/tmp/credbroker-demo.lock")
+            .args(["sh", "-c", "cd \"$1\" && exec \"$2\" < \"$3\"", "sh"])
+            .arg(&repo)
+            .arg(shell)
+            .arg(script);
+        demo = PathBuf::from(DEMO);
+    }
+    (run(&mut cmd, RUN_TIMEOUT), demo)
+}
+
+fn check_run(shell: &str, n: usize, out: &Output, demo: &Path) {
+    let what = format!("run {n} in {shell}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{what}: {}", describe(out));
+    assert!(
+        !stderr.contains("cannot connect") && !stderr.contains("did not start"),
+        "{what}: the shim ran before the broker was up: {}",
+        describe(out)
+    );
+
+    let credentials: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{what}: {e}: {l}")))
+        .collect();
+    assert_eq!(credentials.len(), 3, "{what}: {}", describe(out));
+    let token = |i: usize| credentials[i]["status"]["token"].as_str().unwrap_or("");
+    for c in &credentials {
+        assert_eq!(c["kind"], "ExecCredential", "{what}: {c}");
+        assert_eq!(
+            c["apiVersion"], "client.authentication.k8s.io/v1",
+            "{what}: {c}"
+        );
+    }
+    assert_eq!(token(0), "my-dev-token", "{what}");
+    assert!(
+        token(1).starts_with("demo-issued-at-"),
+        "{what}: {}",
+        token(1)
+    );
+    assert_eq!(
+        token(1),
+        token(2),
+        "{what}: the second run is served from the cache"
+    );
+    assert!(
+        stdout.contains("providers: static (file), wrapped (exec)"),
+        "{what}: check-config: {stdout}"
+    );
+
+    let shim_errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("credbroker-shim:"))
+        .collect();
+    assert_eq!(
+        shim_errors.len(),
+        1,
+        "{what}: one shim error line: {stderr}"
+    );
+    assert!(
+        shim_errors[0].contains("unknown provider \"nope\""),
+        "{what}: {}",
+        shim_errors[0]
+    );
+    assert!(
+        stderr.contains("outcome=Hit"),
+        "{what}: the broker logs the hit: {stderr}"
+    );
+    assert!(
+        !stderr.contains("my-dev-token"),
+        "{what}: a token in the log: {stderr}"
+    );
+    assert!(
+        !demo.join("broker.sock").exists(),
+        "{what}: the broker left its socket behind"
+    );
 }
 
 #[test]
-fn the_readme_walkthrough_works() {
-    let out = run_broker_cli(&["check-config".as_ref(), demo("credbroker.yaml").as_os_str()]);
-    assert!(out.status.success(), "{}", describe(&out));
+fn the_readme_walkthrough_pasted_into_sh_and_bash_works_every_time() {
+    // The block builds the binaries itself; build them first so its `cargo build` is a no-op.
+    bin("credbroker");
+    let block = walkthrough();
+    let dir = tempdir();
+    let script = dir.path().join("walkthrough.sh");
+    std::fs::write(&script, &block.body).unwrap();
+    for n in 0..RUNS {
+        let shell = if n % 2 == 0 { "sh" } else { "bash" };
+        let tmp = tempdir();
+        let (out, demo) = paste(shell, &script, tmp.path());
+        check_run(shell, n, &out, &demo);
+    }
+}
 
-    let root = tempdir();
-    let config = std::fs::read_to_string(demo("credbroker.yaml"))
-        .unwrap()
-        .replace("/tmp/credbroker-demo", root.path().to_str().unwrap());
-    std::fs::create_dir_all(root.path().join("tokens/dev")).unwrap();
-    std::fs::write(root.path().join("tokens/dev/token"), "my-dev-token\n").unwrap();
-    let broker = Broker::start_at(&config, &root.path().join("broker.sock"));
-    let info = std::fs::read_to_string(demo("exec-info.json")).unwrap();
-
-    let out = run_shim(broker.socket(), &["--provider", "static"], Some(&info));
-    assert_eq!(assert_credential(&out, V1).token, "my-dev-token");
-
-    let first = assert_credential(
-        &run_shim(broker.socket(), &["--provider", "wrapped"], Some(&info)),
-        V1,
-    );
+#[test]
+fn the_walkthrough_block_is_posix_sh() {
+    // `kill %1` (job control) leaves the broker running under dash; `$!` does not.
+    let block = walkthrough();
     assert!(
-        first.token.starts_with("demo-issued-at-"),
-        "{}",
-        first.token
+        !block.body.contains('%'),
+        "{}: job specs need bash",
+        block.at()
     );
-    std::thread::sleep(std::time::Duration::from_millis(1100));
-    let second = assert_credential(
-        &run_shim(broker.socket(), &["--provider", "wrapped"], Some(&info)),
-        V1,
-    );
-    assert_eq!(
-        second.token, first.token,
-        "the second run is served from the cache"
-    );
-
-    let out = run_shim(broker.socket(), &["--provider", "nope"], Some(&info));
-    assert_shim_error(&out, &["unknown provider \"nope\""]);
-
-    let logs = broker.logs();
-    assert!(logs.contains("outcome=Hit"), "{logs}");
-    assert!(
-        !logs.contains("my-dev-token"),
-        "the token must not be logged: {logs}"
-    );
+    let dir = tempdir();
+    let script = dir.path().join("w.sh");
+    std::fs::write(&script, &block.body).unwrap();
+    let out = Running::spawn(Command::new("sh").arg("-n").arg(&script)).wait(RUN_TIMEOUT);
+    assert!(out.status.success(), "{}: {}", block.at(), describe(&out));
 }
