@@ -734,6 +734,8 @@ import datetime, json, os, sys
 info = json.loads(os.environ.get("KUBERNETES_EXEC_INFO") or "{{}}")
 cluster = (info.get("spec") or {{}}).get("cluster") or {{}}
 name = (cluster.get("config") or {{}}).get("clusterName", "none")
+# A token is one line of printable text: a hostile cluster name must not make it invalid.
+name = "".join(c if c.isprintable() and not c.isspace() else "_" for c in str(name))
 status = {{"token": "tok-%s-%s" % (name, sys.argv[1])}}
 expires = {expires}
 if expires is not None:
