@@ -354,7 +354,8 @@ impl State {
     }
 
     fn note_request(&mut self, req: &TokenRequest) {
-        let label = req.cluster_label();
+        // Quoted: ListEntries shows it, so it is bounded and escaped like any caller text.
+        let label = crate::text::quote(&req.cluster_label());
         if let Err(at) = self.clusters.binary_search(&label) {
             if self.clusters.len() < LISTED_CLUSTERS {
                 if self.clusters.is_empty() {
