@@ -140,7 +140,8 @@ impl Provider for ExecProvider {
     }
 
     /// Everything of the cluster the plugin is shown (`spec.cluster`): server and config, then
-    /// TLS server name, CA data, proxy URL and the other connection settings when set. A
+    /// TLS server name, CA data (its SHA-256), proxy URL and the other connection settings
+    /// when set. A
     /// plugin may answer differently for any of them, so two clusters that differ only there
     /// must not share a token.
     fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
@@ -159,6 +160,17 @@ impl Provider for ExecProvider {
         };
         connection.remove("server");
         connection.remove("config");
+        // The CA data by its digest: as distinct as the data, a few dozen bytes instead of up
+        // to `limits.maxCertificateAuthorityBytes` in every key and ListEntries row.
+        if !c.certificate_authority_data.is_empty() {
+            use sha2::Digest as _;
+            let digest = sha2::Sha256::digest(&c.certificate_authority_data);
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            connection.insert(
+                "certificate-authority-data".into(),
+                Value::String(format!("sha256:{hex}")),
+            );
+        }
         let config = render(&Value::Object(c.config.clone()))?;
         Ok(if connection.is_empty() {
             format!("{} {config}", c.server)

@@ -375,6 +375,8 @@ fn identity_covers_everything_the_plugin_sees_of_the_cluster() {
         let mut r = req("a");
         change(r.cluster.as_mut().unwrap());
         let id = p.identity(&r).unwrap();
+        // CA data is keyed by its digest, never carried whole (base64 of "OTHER PEM").
+        assert!(!id.contains("T1RIRVIgUEVN"), "{id}");
         assert!(
             seen.insert(id.clone()),
             "two clusters share the identity {id:?}"
