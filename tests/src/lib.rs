@@ -481,6 +481,22 @@ impl Broker {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The address the metrics endpoint bound (`metrics.address` with port 0 picks one), as
+    /// the broker logs it at start.
+    pub fn metrics_address(&self) -> String {
+        // The listener's log line may trail the socket by a moment.
+        wait_until(Duration::from_secs(10), || {
+            self.logs().contains("metrics at /metrics")
+        });
+        self.logs()
+            .lines()
+            .find(|l| l.contains("metrics at /metrics"))
+            .and_then(|l| l.split("address=").nth(1))
+            .and_then(|a| a.split_whitespace().next())
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no metrics address in the log:\n{}", self.logs()))
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -1286,4 +1302,25 @@ pub fn parse_form(text: &str) -> std::collections::BTreeMap<String, String> {
             (decode(k), decode(v))
         })
         .collect()
+}
+
+/// One `GET /metrics` from the broker's metrics endpoint at `address`: the whole response
+/// (status line, headers, Prometheus text), asserted to be a 200.
+pub fn scrape_metrics(address: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(address).expect("connect to the metrics port");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("set a read timeout");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("read the response");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
 }

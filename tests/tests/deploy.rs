@@ -1715,17 +1715,7 @@ fn alerts_use_metrics_and_label_values_the_broker_exports() {
     let config = config_yaml(&[file_provider("onprem", &tokens.template())])
         + "metrics: {address: \"127.0.0.1:0\"}\nrateLimit: {perSecond: 1, burst: 2}\n";
     let broker = Broker::start(&config);
-    // The listener's log line may trail the socket by a moment.
-    wait_until(BROKER_TIMEOUT, || {
-        broker.logs().contains("metrics at /metrics")
-    });
-    let address = broker
-        .logs()
-        .lines()
-        .find(|l| l.contains("metrics at /metrics"))
-        .and_then(|l| l.split("address=").nth(1))
-        .map(|a| a.split_whitespace().next().expect("address").to_owned())
-        .unwrap_or_else(|| panic!("no metrics address in the log:\n{}", broker.logs()));
+    let address = broker.metrics_address();
     // One call that works and one whose upstream fails: both outcomes and codes appear.
     let info = |cluster: &str| {
         credbroker_tests::exec_info(
@@ -1755,22 +1745,7 @@ fn alerts_use_metrics_and_label_values_the_broker_exports() {
         !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("RESOURCE_EXHAUSTED")
     });
     assert!(limited, "no call met rateLimit {{perSecond: 1, burst: 2}}");
-    let exposition = {
-        use std::io::{Read as _, Write as _};
-        let mut stream = std::net::TcpStream::connect(&address).expect("connect to /metrics");
-        stream
-            .set_read_timeout(Some(COMMAND_TIMEOUT))
-            .expect("timeout");
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .expect("request");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).expect("response");
-        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-        response
-    };
+    let exposition = credbroker_tests::scrape_metrics(&address);
     // Sample names from the families' TYPE lines (a counter family without samples yet still
     // declares its name).
     let mut exported = BTreeSet::new();

@@ -8,13 +8,12 @@
 #![allow(clippy::unwrap_used)]
 
 use std::process::Output;
-use std::time::Duration;
 
 use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Cluster, GetTokenRequest};
 use credbroker_tests::{
     Broker, ExecPlugin, PluginOptions, TokenFiles, V1, assert_credential, assert_shim_error,
-    exec_info, exec_provider, file_provider, run_shim, unix_channel,
+    exec_info, exec_provider, file_provider, run_shim, scrape_metrics, unix_channel,
 };
 use prost_types::value::Kind;
 use serde_json::{Value, json};
@@ -64,33 +63,6 @@ fn nested(levels: usize) -> prost_types::Value {
     v
 }
 
-fn metrics_address(broker: &Broker) -> String {
-    broker
-        .logs()
-        .lines()
-        .find(|l| l.contains("metrics at /metrics"))
-        .and_then(|l| l.split("address=").nth(1))
-        .map(|a| a.split_whitespace().next().unwrap().to_owned())
-        .unwrap_or_else(|| panic!("no metrics address in the log:\n{}", broker.logs()))
-}
-
-fn scrape(address: &str) -> String {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response
-}
-
 /// Resident memory of `pid` in KiB.
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -109,7 +81,7 @@ async fn unknown_provider_names_never_become_metric_labels_or_memory() {
         "metrics: {address: \"127.0.0.1:0\"}\n",
         &[file_provider("static", &files.template())],
     ));
-    let address = metrics_address(&broker);
+    let address = broker.metrics_address();
     let client = TokenServiceClient::new(unix_channel(broker.socket()).await);
     let call = |provider: String| {
         let mut client = client.clone();
@@ -129,7 +101,7 @@ async fn unknown_provider_names_never_become_metric_labels_or_memory() {
         status.message().contains("limits.maxProviderNameBytes"),
         "{status:?}"
     );
-    let baseline = scrape(&address);
+    let baseline = scrape_metrics(&address);
     let rss_before = rss_kib(broker.pid());
 
     for i in 0..400 {
@@ -139,7 +111,7 @@ async fn unknown_provider_names_never_become_metric_labels_or_memory() {
         );
         assert_eq!(call(long(i)).await.code(), tonic::Code::InvalidArgument);
     }
-    let after = scrape(&address);
+    let after = scrape_metrics(&address);
     assert!(
         !after.contains("nope-") && !after.contains("ppppp"),
         "a caller's provider name became a label:\n{}",

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use credbroker_tests::{
     Broker, COMMAND_TIMEOUT, ExecPlugin, PluginOptions, SHIM, V1, assert_credential,
     assert_shim_error, bin, describe, exec_info, exec_provider, grpcurl, require_tool, run,
-    send_signal, tempdir, unix_channel,
+    scrape_metrics, send_signal, tempdir, unix_channel,
 };
 use serde_json::{Value, json};
 
@@ -288,23 +288,6 @@ fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
     })
 }
 
-fn scrape(address: &str) -> String {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response
-}
-
 #[test]
 fn metrics_count_exactly_what_happened() {
     let plugin = ExecPlugin::new();
@@ -313,19 +296,13 @@ fn metrics_count_exactly_what_happened() {
         "metrics: {address: \"127.0.0.1:0\"}\n",
         &[exec_provider("onprem", plugin.command(), "")],
     ));
-    let address = broker
-        .logs()
-        .lines()
-        .find(|l| l.contains("metrics at /metrics"))
-        .and_then(|l| l.split("address=").nth(1))
-        .map(|a| a.split_whitespace().next().unwrap().to_owned())
-        .unwrap_or_else(|| panic!("no metrics address in the log:\n{}", broker.logs()));
+    let address = broker.metrics_address();
     for _ in 0..3 {
         assert_credential(&shim(&broker, "onprem", "m"), V1);
     }
     assert_credential(&shim(&broker, "onprem", "n"), V1);
     assert_shim_error(&shim(&broker, "nope", "m"), &["NOT_FOUND"]);
-    let m = scrape(&address);
+    let m = scrape_metrics(&address);
     let want = [
         (
             r#"credbroker_requests_total{provider="onprem",code="OK"}"#,
