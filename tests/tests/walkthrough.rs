@@ -4,10 +4,10 @@
 //! for the unknown provider, log a cache hit, and leave no socket and no broker behind.
 //!
 //! The block works in `/tmp/credbroker-demo` (the demo config names that path). So that
-//! parallel test runs do not share it, each run gets its own `/tmp`: a private mount
-//! namespace with a temp dir bound over `/tmp`, in a pid namespace so nothing outlives the run
-//! (`unshare`). Where that is not permitted, the runs use the real `/tmp/credbroker-demo`
-//! under an exclusive `flock`.
+//! parallel test runs do not share it, each run gets its own: a private mount namespace with
+//! a temp dir bound over `/tmp/credbroker-demo` (not over all of `/tmp`, where the checkout
+//! itself may live), in a pid namespace so nothing outlives the run (`unshare`). Where that is
+//! not permitted, the runs use the real `/tmp/credbroker-demo` under an exclusive `flock`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -40,7 +40,7 @@ fn walkthrough() -> Block {
     block
 }
 
-/// Whether this machine lets us bind a private `/tmp` in a new mount namespace.
+/// Whether this machine lets us bind a private `/tmp/credbroker-demo` in a new mount namespace.
 fn can_unshare() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
@@ -55,16 +55,18 @@ fn can_unshare() -> bool {
                 "sh",
                 "-c",
             ])
-            .arg("mount --bind \"$1\" /tmp")
+            .arg("mkdir -p \"$2\" && mount --bind \"$1\" \"$2\"")
             .arg("sh")
             .arg(dir.path())
+            .arg(DEMO)
             .output()
             .is_ok_and(|o| o.status.success())
     })
 }
 
-/// Runs `script` (a file) as stdin of `shell` in the repository root, with `/tmp` private
-/// when possible; returns the output and where `/tmp/credbroker-demo` was for this run.
+/// Runs `script` (a file) as stdin of `shell` in the repository root, with
+/// `/tmp/credbroker-demo` private when possible; returns the output and where it was for this
+/// run.
 fn paste(shell: &str, script: &Path, tmp: &Path) -> (Output, PathBuf) {
     let repo = repo_root();
     let mut cmd;
@@ -81,14 +83,14 @@ fn paste(shell: &str, script: &Path, tmp: &Path) -> (Output, PathBuf) {
             "sh",
             "-c",
         ])
-        // The script is opened before /tmp is replaced: it may live there.
-        .arg("exec 9<\"$4\" && mount --bind \"$1\" /tmp && cd \"$2\" && exec \"$3\" <&9 9<&-")
+        .arg("mkdir -p \"$5\" && mount --bind \"$1\" \"$5\" && cd \"$2\" && exec \"$3\" < \"$4\"")
         .arg("sh")
         .arg(tmp)
         .arg(&repo)
         .arg(shell)
-        .arg(script);
-        demo = tmp.join("credbroker-demo");
+        .arg(script)
+        .arg(DEMO);
+        demo = tmp.to_path_buf();
     } else {
         cmd = Command::new("flock");
         cmd.arg("/tmp/credbroker-demo.lock")
@@ -184,6 +186,8 @@ fn the_readme_walkthrough_pasted_into_sh_and_bash_works_every_time() {
         let (out, demo) = paste(shell, &script, tmp.path());
         check_run(shell, n, &out, &demo);
     }
+    // The mount point the private runs left behind, if empty (never a user's demo).
+    let _ = std::fs::remove_dir(DEMO);
 }
 
 #[test]
