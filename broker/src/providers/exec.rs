@@ -139,12 +139,13 @@ impl Provider for ExecProvider {
         ProviderKind::Exec
     }
 
-    /// Everything of the cluster the plugin is shown (`spec.cluster`): server and config, then
-    /// TLS server name, CA data (its SHA-256), proxy URL and the other connection settings
-    /// when set. A
-    /// plugin may answer differently for any of them, so two clusters that differ only there
-    /// must not share a token.
+    /// Everything of the cluster the plugin is shown (`spec.cluster`): the server, then a
+    /// SHA-256 of the config and of the TLS server name, CA data, proxy URL and the other
+    /// connection settings. A plugin may answer differently for any of them, so two clusters
+    /// that differ only there must not share a token; the digest keeps the key (and every
+    /// ListEntries row) a few dozen bytes, whatever the cluster's exec extension holds.
     fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
+        use sha2::Digest as _;
         let Some(c) = &req.cluster else {
             return Ok(String::new());
         };
@@ -160,27 +161,16 @@ impl Provider for ExecProvider {
         };
         connection.remove("server");
         connection.remove("config");
-        // The CA data by its digest: as distinct as the data, a few dozen bytes instead of up
-        // to `limits.maxCertificateAuthorityBytes` in every key and ListEntries row.
-        if !c.certificate_authority_data.is_empty() {
-            use sha2::Digest as _;
-            let digest = sha2::Sha256::digest(&c.certificate_authority_data);
-            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-            connection.insert(
-                "certificate-authority-data".into(),
-                Value::String(format!("sha256:{hex}")),
-            );
-        }
-        let config = render(&Value::Object(c.config.clone()))?;
-        Ok(if connection.is_empty() {
-            format!("{} {config}", c.server)
-        } else {
-            format!(
-                "{} {config} {}",
-                c.server,
-                render(&Value::Object(connection))?
-            )
-        })
+        let mut digest = sha2::Sha256::new();
+        digest.update(render(&Value::Object(c.config.clone()))?);
+        digest.update(b"\n");
+        digest.update(render(&Value::Object(connection))?);
+        let hex: String = digest
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(format!("{} sha256:{hex}", c.server))
     }
 
     fn fetch<'a>(

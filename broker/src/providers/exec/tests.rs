@@ -482,6 +482,16 @@ fn identity_is_server_plus_config() {
     let mut r = req("a");
     r.cluster.as_mut().unwrap().config = reordered;
     assert_eq!(a, p.identity(&r).unwrap());
+    // The key stays small whatever the extension holds (ListEntries shows every key).
+    let mut big = req("a");
+    big.cluster
+        .as_mut()
+        .unwrap()
+        .config
+        .insert("blob".into(), "x".repeat(16 * 1024).into());
+    let id = p.identity(&big).unwrap();
+    assert!(id.len() < 128, "{} bytes: {id:.80}", id.len());
+    assert!(id.starts_with("https://"), "{id}");
 }
 
 mod properties {
