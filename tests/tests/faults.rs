@@ -193,7 +193,9 @@ fn a_failing_upstream_is_ridden_out_with_cached_tokens_and_recovers() {
 
 #[test]
 fn a_hung_or_slow_upstream_never_delays_a_cached_hit() {
-    // 10 s tokens: refreshed from 4–6 s, served until 7.5 s; the exec timeout is 3 s.
+    // 10 s tokens: refreshed from 4–6 s, served until 7.5 s; the exec timeout is 3 s. The
+    // plugin's expirationTimestamp has whole seconds, so a token may live only 9 s and be
+    // served until about 7 s: the hung phase ends at 6.5 s, inside that window.
     let plugin = ModalPlugin::new(10, 10);
     let broker = Broker::start(&config(&plugin, "3s"));
     let start = Instant::now();
@@ -207,7 +209,7 @@ fn a_hung_or_slow_upstream_never_delays_a_cached_hit() {
         2,
         Duration::from_millis(200),
         start,
-        Duration::from_secs(7),
+        Duration::from_millis(6_500),
         "10s",
     );
     for call in &hung {
