@@ -40,25 +40,34 @@ fn walkthrough() -> Block {
     block
 }
 
+/// `sh -c` running `then` after a private `dir` is bound over `/tmp/credbroker-demo`, in new
+/// mount and pid namespaces (whatever the block leaves running dies with its shell). `$1` is
+/// `dir`; arguments added to the command follow as `$2`, `$3`, …
+fn in_private_demo(dir: &Path, then: &str) -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "--pid",
+        "--fork",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+    ])
+    .arg(format!(
+        "mkdir -p {DEMO} && mount --bind \"$1\" {DEMO} && {then}"
+    ))
+    .arg("sh")
+    .arg(dir);
+    cmd
+}
+
 /// Whether this machine lets us bind a private `/tmp/credbroker-demo` in a new mount namespace.
 fn can_unshare() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
         let dir = tempdir();
-        Command::new("unshare")
-            .args([
-                "--mount",
-                "--pid",
-                "--fork",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-            ])
-            .arg("mkdir -p \"$2\" && mount --bind \"$1\" \"$2\"")
-            .arg("sh")
-            .arg(dir.path())
-            .arg(DEMO)
+        in_private_demo(dir.path(), "true")
             .output()
             .is_ok_and(|o| o.status.success())
     })
@@ -72,24 +81,8 @@ fn paste(shell: &str, script: &Path, tmp: &Path) -> (Output, PathBuf) {
     let mut cmd;
     let demo;
     if can_unshare() {
-        // A pid namespace too: whatever the block leaves running dies with its shell.
-        cmd = Command::new("unshare");
-        cmd.args([
-            "--mount",
-            "--pid",
-            "--fork",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-        ])
-        .arg("mkdir -p \"$5\" && mount --bind \"$1\" \"$5\" && cd \"$2\" && exec \"$3\" < \"$4\"")
-        .arg("sh")
-        .arg(tmp)
-        .arg(&repo)
-        .arg(shell)
-        .arg(script)
-        .arg(DEMO);
+        cmd = in_private_demo(tmp, "cd \"$2\" && exec \"$3\" < \"$4\"");
+        cmd.arg(&repo).arg(shell).arg(script);
         demo = tmp.to_path_buf();
     } else {
         cmd = Command::new("flock");
