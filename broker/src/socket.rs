@@ -85,6 +85,9 @@ fn identity(meta: &std::fs::Metadata) -> (u64, u64, Option<SystemTime>) {
     (meta.dev(), meta.ino(), meta.created().ok())
 }
 
+/// Serializes the umask switch around `bind`.
+static UMASK_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Missing parents of the socket get rwxr-xr-x whatever the process umask (a umask of 000
 /// would otherwise make them world-writable, letting anyone swap the socket).
 const SOCKET_DIR_MODE: u32 = 0o755;
@@ -150,9 +153,18 @@ fn bind_with(
     }
     // The socket is created with 0777 & !umask: narrow the umask around bind so it never
     // exists, even briefly, with wider permissions than configured.
-    let old = umask(Mode::from_bits_truncate(!mode & 0o777));
-    let bound = UnixListener::bind(path);
-    umask(old);
+    // The umask is process-wide: one lock keeps two binds (the keeper's rebind, tests in one
+    // process) from restoring each other's umask in between and creating a socket wider or
+    // narrower than asked.
+    let bound = {
+        let _one_at_a_time = UMASK_LOCK
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let old = umask(Mode::from_bits_truncate(!mode & 0o777));
+        let bound = UnixListener::bind(path);
+        umask(old);
+        bound
+    };
     let listener = bound.map_err(|source| SocketError::Bind {
         path: path.to_owned(),
         source,
@@ -250,6 +262,30 @@ mod tests {
         keeper.stop();
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!path.exists(), "stopping the keeper removes the socket");
+    }
+
+    /// Binds on several threads at once, each with its own mode: every socket gets exactly
+    /// its mode (the umask switch is process-wide, so unserialized binds swap modes).
+    #[test]
+    fn concurrent_binds_each_get_their_own_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        std::thread::scope(|scope| {
+            for (t, mode) in [0o600, 0o660, 0o666, 0o640].into_iter().enumerate() {
+                let dir = dir.path();
+                scope.spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    let _entered = runtime.enter();
+                    for i in 0..200 {
+                        let path = dir.join(format!("{t}-{i}.sock"));
+                        let (_listener, _guard) = bind(&path, mode).unwrap();
+                        assert_eq!(mode_of(&path), mode, "{}", path.display());
+                    }
+                });
+            }
+        });
     }
 
     fn mode_of(path: &Path) -> u32 {
