@@ -2,8 +2,10 @@
 //! `credbroker-shim` as a kubeconfig exec plugin; the shim asks this broker over a Unix
 //! socket; the broker answers from a per-identity cache filled by providers.
 
-pub mod admin;
+pub mod admin_service;
+pub mod broker;
 pub mod cache;
+pub mod caller;
 pub mod config;
 pub mod conn;
 pub mod metrics;
@@ -12,5 +14,8 @@ pub mod ratelimit;
 pub mod request;
 pub mod server;
 pub mod socket;
+pub mod status;
+pub mod telemetry;
 pub mod text;
+pub mod token_service;
 pub mod wire;

@@ -8,8 +8,9 @@ use std::task::{Context, Poll};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
-use tonic::transport::server::UdsConnectInfo;
 
+use crate::broker::BrokerError;
+use crate::caller;
 use crate::config::RateLimitConfig;
 
 /// Never limited: health (a throttled probe would restart a healthy broker) and reflection
@@ -59,6 +60,8 @@ impl<S> tower::Layer<S> for RateLimitLayer {
 /// socket (a handful in a pod).
 #[derive(Debug)]
 pub struct Limiter {
+    /// As configured, for the refusal's message.
+    config: RateLimitConfig,
     per_second: f64,
     burst: f64,
     buckets: Mutex<HashMap<u32, Bucket>>,
@@ -84,6 +87,7 @@ pub struct Decision {
 impl Limiter {
     pub fn new(config: &RateLimitConfig) -> Self {
         Self {
+            config: config.clone(),
             per_second: f64::from(config.per_second),
             burst: f64::from(config.burst),
             buckets: Mutex::new(HashMap::new()),
@@ -155,11 +159,7 @@ where
         {
             return futures_util::future::Either::Left(self.inner.call(req));
         }
-        let uid = req
-            .extensions()
-            .get::<UdsConnectInfo>()
-            .and_then(|info| info.peer_cred)
-            .map_or(UNKNOWN_CALLER, |cred| cred.uid());
+        let uid = caller::peer(req.extensions()).uid.unwrap_or(UNKNOWN_CALLER);
         let decision = self.limiter.check(uid);
         if let Some(refused) = decision.report {
             tracing::warn!(
@@ -173,10 +173,11 @@ where
             return futures_util::future::Either::Left(self.inner.call(req));
         }
         self.refused.inc();
-        let status = tonic::Status::resource_exhausted(format!(
-            "caller uid {uid} exceeded the rate limit of {}/s (burst {}); slow down or raise rateLimit in the broker config",
-            self.limiter.per_second, self.limiter.burst
-        ));
+        let status = tonic::Status::from(BrokerError::RateLimited {
+            uid,
+            per_second: self.limiter.config.per_second,
+            burst: self.limiter.config.burst,
+        });
         futures_util::future::Either::Right(std::future::ready(Ok(status.into_http())))
     }
 }

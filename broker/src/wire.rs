@@ -2,7 +2,7 @@
 //! `limits.maxRequestBytes` (tonic says `OUT_OF_RANGE`) or one prost cannot decode, such as a
 //! cluster config nested past prost's recursion limit (tonic says `INTERNAL`, and nothing is
 //! logged). Both are the caller's doing: they become `INVALID_ARGUMENT` naming the limit,
-//! through the one status table (`impl From<BrokerError> for Status`), and a log line.
+//! through the one status table (`crate::status`), and a log line.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -11,12 +11,12 @@ use std::task::{Context, Poll};
 use credbroker_proto::code_name;
 use futures_util::future::BoxFuture;
 use tonic::server::NamedService;
-use tonic::transport::server::UdsConnectInfo;
 use tonic::{Code, Status};
 
+use crate::broker::{Broker, BrokerError};
+use crate::caller;
 use crate::metrics::UNKNOWN_PROVIDER;
 use crate::request::RequestError;
-use crate::server::{Broker, BrokerError};
 use crate::text::quote;
 
 /// tonic's message for a message over `max_decoding_message_size` (tonic 0.14,
@@ -64,11 +64,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let uid = req
-            .extensions()
-            .get::<UdsConnectInfo>()
-            .and_then(|info| info.peer_cred)
-            .map(|cred| cred.uid());
+        let uid = caller::peer(req.extensions()).uid;
         let method = req
             .uri()
             .path()

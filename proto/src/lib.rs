@@ -6,6 +6,8 @@ pub mod v1 {
     tonic::include_proto!("credbroker.v1");
 }
 
+pub mod reason;
+
 /// Encoded `FileDescriptorSet` of every credbroker proto file, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/credbroker_descriptor.bin"));

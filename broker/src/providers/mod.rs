@@ -86,7 +86,7 @@ impl Credential {
     }
 }
 
-/// How a provider failed. The variant decides the gRPC status (mapped in `server`) and
+/// How a provider failed. The variant decides the gRPC status (mapped in `status`) and
 /// what the cache does next; messages name the provider's input, never a secret.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ProviderError {

@@ -2,8 +2,7 @@
 //! entries and providers (never a credential), drops and refreshes entries. Only callers
 //! in `socket.adminUids` get in.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use credbroker_proto::v1::admin_service_server::AdminService;
@@ -13,50 +12,9 @@ use credbroker_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::cache::{CacheError, CacheKey, EntryInfo};
-use crate::server::{Broker, BrokerError, Peer};
-
-/// Each provider's last upstream success and failure, fed by the cache's observer.
-#[derive(Debug, Default)]
-pub struct ProviderHealth {
-    by_provider: Mutex<HashMap<String, Health>>,
-}
-
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Health {
-    pub last_success: Option<SystemTime>,
-    pub last_error: Option<(String, SystemTime)>,
-    /// Whether the most recent upstream call failed.
-    pub failing: bool,
-}
-
-impl ProviderHealth {
-    pub fn record(&self, provider: &str, result: Result<(), &CacheError>) {
-        let mut map = self
-            .by_provider
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let health = map.entry(provider.to_owned()).or_default();
-        match result {
-            Ok(()) => {
-                health.last_success = Some(SystemTime::now());
-                health.failing = false;
-            }
-            Err(e) => {
-                health.last_error = Some((e.to_string(), SystemTime::now()));
-                health.failing = true;
-            }
-        }
-    }
-
-    pub fn get(&self, provider: &str) -> Health {
-        let map = self
-            .by_provider
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        map.get(provider).cloned().unwrap_or_default()
-    }
-}
+use crate::broker::{Broker, BrokerError};
+use crate::cache::{CacheKey, EntryInfo};
+use crate::caller;
 
 /// Which entries an Invalidate or Refresh targets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,7 +100,7 @@ impl AdminApi {
     }
 
     fn authorize<T>(&self, request: &Request<T>, call: &str) -> Result<(), Status> {
-        let peer = Peer::of(request);
+        let peer = caller::peer(request.extensions());
         self.broker.authorize_admin(peer).map_err(|e| {
             tracing::warn!(uid = ?peer.uid, call, "AdminService call refused");
             Status::from(e)
@@ -304,16 +262,5 @@ mod tests {
             let err = Selection::parse(p.into(), i.into(), all).unwrap_err();
             assert_eq!(Status::from(err).code(), tonic::Code::InvalidArgument);
         }
-    }
-
-    #[test]
-    fn health_tracks_the_last_call() {
-        let h = ProviderHealth::default();
-        assert_eq!(h.get("p"), Health::default());
-        h.record("p", Err(&CacheError::Expired));
-        assert!(h.get("p").failing);
-        h.record("p", Ok(()));
-        let now = h.get("p");
-        assert!(!now.failing && now.last_success.is_some() && now.last_error.is_some());
     }
 }

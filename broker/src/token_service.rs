@@ -1,0 +1,115 @@
+//! `credbroker.v1.TokenService`: one `GetToken` per exec-plugin run. Identifies the caller,
+//! asks the [`Broker`], logs and counts the call, and turns the answer into the response
+//! client-go's `ExecCredential` is made of (or the error into its status, through
+//! `crate::status`).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use credbroker_proto::code_name;
+use credbroker_proto::v1::token_service_server::TokenService;
+use credbroker_proto::v1::{GetTokenRequest, GetTokenResponse};
+use tonic::{Code, Request, Response, Status};
+
+use crate::broker::Broker;
+use crate::cache::Served;
+use crate::caller;
+use crate::providers::CredentialSecret;
+use crate::request::cluster_label_of;
+use crate::text::quote;
+
+/// The tonic service over [`Broker`].
+#[derive(Debug, Clone)]
+pub struct TokenApi {
+    broker: Arc<Broker>,
+}
+
+impl TokenApi {
+    pub fn new(broker: Arc<Broker>) -> Self {
+        Self { broker }
+    }
+}
+
+#[tonic::async_trait]
+impl TokenService for TokenApi {
+    async fn get_token(
+        &self,
+        request: Request<GetTokenRequest>,
+    ) -> Result<Response<GetTokenResponse>, Status> {
+        let started = std::time::Instant::now();
+        let peer = caller::peer(request.extensions());
+        let msg = request.into_inner();
+        // Caller text, bounded and escaped before it goes near a log line or a metric.
+        let provider = quote(&msg.provider);
+        let cluster = cluster_label_of(&msg);
+        let label = self.broker.metric_label(&msg.provider).to_owned();
+        let result = self.broker.get_token(peer, msg).await;
+        let elapsed = started.elapsed();
+        match result {
+            Ok((served, _)) => {
+                self.broker
+                    .metrics()
+                    .request(&label, Code::Ok, Some(served.outcome));
+                tracing::info!(provider, cluster, code = code_name(Code::Ok), outcome = ?served.outcome, ?elapsed, uid = ?peer.uid, "GetToken");
+                Ok(Response::new(response(served)))
+            }
+            Err(e) => {
+                let status = Status::from(e);
+                self.broker.metrics().request(&label, status.code(), None);
+                tracing::warn!(provider, cluster, code = code_name(status.code()), ?elapsed, uid = ?peer.uid, error = status.message(), "GetToken");
+                Err(status)
+            }
+        }
+    }
+}
+
+/// client-go's `expirationTimestamp` has whole seconds: a come-back time truncated to its
+/// second could lie in the past when it is less than a second away, and client-go would run
+/// the plugin again at once. Rounding up keeps it in the future; it stays under a second past
+/// the end of the serving window, so still at least 59 s before the credential expires.
+fn whole_second_after(t: SystemTime) -> SystemTime {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs() + u64::from(since.subsec_nanos() > 0);
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+fn response(served: Served) -> GetTokenResponse {
+    let mut out = GetTokenResponse {
+        expiration_time: Some(prost_types::Timestamp::from(whole_second_after(
+            served.come_back,
+        ))),
+        ..Default::default()
+    };
+    match served.credential.secret {
+        CredentialSecret::Token(token) => out.token = token.expose().to_owned(),
+        CredentialSecret::ClientCertificate {
+            certificate_pem,
+            key_pem,
+        } => {
+            out.client_certificate_data = certificate_pem;
+            out.client_key_data = key_pem.expose().to_owned();
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn come_back_times_round_up_to_the_next_whole_second() {
+        let at = |secs: u64, nanos: u32| SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+        assert_eq!(whole_second_after(at(100, 300_000_000)), at(101, 0));
+        assert_eq!(whole_second_after(at(100, 1)), at(101, 0));
+        assert_eq!(whole_second_after(at(100, 0)), at(100, 0));
+        let served = Served {
+            credential: crate::providers::Credential::token("t", at(2000, 0)),
+            come_back: at(1000, 999_999_999),
+            outcome: crate::cache::Outcome::Hit,
+        };
+        let out = response(served);
+        assert_eq!(out.expiration_time.unwrap().seconds, 1001);
+        assert_eq!(out.token, "t");
+    }
+}
