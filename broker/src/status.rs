@@ -404,3 +404,291 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod table {
+    use std::time::Duration;
+
+    use credbroker_proto::reason;
+    use tonic::Code;
+    use tonic_types::StatusExt as _;
+
+    use super::*;
+    use crate::cache::CacheError;
+    use crate::providers::ProviderError;
+    use crate::providers::overrides::OverrideError;
+
+    fn provider(source: CacheError) -> BrokerError {
+        BrokerError::Provider {
+            provider: "p".into(),
+            cluster: "c\n1".into(),
+            source,
+        }
+    }
+
+    /// An error, and the code, reason and metadata its status must carry.
+    type Case = (
+        BrokerError,
+        Code,
+        &'static str,
+        Vec<(&'static str, &'static str)>,
+    );
+
+    /// One of each error, with the code, reason and metadata it must get. The `match` in
+    /// `covered` has no wildcard: a new variant does not compile until it is listed here.
+    fn cases() -> Vec<Case> {
+        let p = |s: ProviderError| provider(CacheError::Provider(s));
+        vec![
+            (
+                BrokerError::CallerNotAllowed {
+                    uid: Some(7),
+                    list: "socket.adminUids",
+                },
+                Code::PermissionDenied,
+                reason::CALLER_NOT_ALLOWED,
+                vec![("uid", "7"), ("key", "socket.adminUids")],
+            ),
+            (
+                BrokerError::RateLimited {
+                    uid: 9,
+                    per_second: 1,
+                    burst: 2,
+                },
+                Code::ResourceExhausted,
+                reason::RATE_LIMITED,
+                vec![("uid", "9"), ("limit", "rateLimit")],
+            ),
+            (
+                BrokerError::UnknownProvider {
+                    name: "x\u{1b}".into(),
+                    known: "a".into(),
+                },
+                Code::NotFound,
+                reason::UNKNOWN_PROVIDER,
+                vec![("provider", "x\\u{1b}")],
+            ),
+            (
+                BrokerError::BadSelection("identity needs its provider".into()),
+                Code::InvalidArgument,
+                reason::INVALID_SELECTION,
+                vec![],
+            ),
+            (
+                BrokerError::BadRequest(RequestError::MissingProvider),
+                Code::InvalidArgument,
+                reason::INVALID_REQUEST,
+                vec![],
+            ),
+            (
+                BrokerError::BadRequest(RequestError::Undecodable("junk".into())),
+                Code::InvalidArgument,
+                reason::INVALID_REQUEST,
+                vec![],
+            ),
+            (
+                BrokerError::BadRequest(RequestError::TooLarge {
+                    what: "the provider name".into(),
+                    size: 9,
+                    limit: 8,
+                    key: "limits.maxFieldBytes",
+                }),
+                Code::InvalidArgument,
+                reason::REQUEST_OVER_LIMIT,
+                vec![("limit", "limits.maxFieldBytes")],
+            ),
+            (
+                BrokerError::BadRequest(RequestError::TooDeep { limit: 3 }),
+                Code::InvalidArgument,
+                reason::REQUEST_OVER_LIMIT,
+                vec![("limit", "limits.maxClusterConfigDepth")],
+            ),
+            (
+                BrokerError::BadRequest(RequestError::TooManyKeys { limit: 3 }),
+                Code::InvalidArgument,
+                reason::REQUEST_OVER_LIMIT,
+                vec![("limit", "limits.maxClusterConfigKeys")],
+            ),
+            (
+                BrokerError::OverrideRefused {
+                    provider: "p".into(),
+                    cluster: "c".into(),
+                    source: Box::new(OverrideError::Refused {
+                        key: "roleArn".into(),
+                        shown: " (value not shown)".into(),
+                        selects: "the IAM role",
+                        why: "not allowed".into(),
+                    }),
+                },
+                Code::PermissionDenied,
+                reason::OVERRIDE_REFUSED,
+                vec![("provider", "p"), ("cluster", "c"), ("key", "roleArn")],
+            ),
+            (
+                p(ProviderError::InvalidRequest("no clusterName".into())),
+                Code::InvalidArgument,
+                reason::INVALID_CLUSTER_INPUT,
+                vec![("provider", "p"), ("cluster", "c\\n1")],
+            ),
+            (
+                p(ProviderError::NotFound("no file".into())),
+                Code::NotFound,
+                reason::SOURCE_NOT_FOUND,
+                vec![("provider", "p"), ("cluster", "c\\n1")],
+            ),
+            (
+                p(ProviderError::Denied("no".into())),
+                Code::PermissionDenied,
+                reason::UPSTREAM_DENIED,
+                vec![("provider", "p"), ("cluster", "c\\n1")],
+            ),
+            (
+                p(ProviderError::Unavailable("down".into())),
+                Code::Unavailable,
+                reason::UPSTREAM_UNAVAILABLE,
+                vec![("provider", "p"), ("cluster", "c\\n1")],
+            ),
+            (
+                p(ProviderError::Timeout("slow".into())),
+                Code::DeadlineExceeded,
+                reason::UPSTREAM_TIMEOUT,
+                vec![("provider", "p"), ("cluster", "c\\n1")],
+            ),
+            (
+                p(ProviderError::Unimplemented("not built".into())),
+                Code::Unimplemented,
+                reason::PROVIDER_UNIMPLEMENTED,
+                vec![("provider", "p"), ("cluster", "c\\n1")],
+            ),
+            (
+                provider(CacheError::BackingOff {
+                    last: Box::new(CacheError::Provider(ProviderError::NotFound("gone".into()))),
+                    retry_in: Duration::from_millis(1500),
+                }),
+                Code::NotFound,
+                reason::SOURCE_NOT_FOUND,
+                vec![
+                    ("provider", "p"),
+                    ("cluster", "c\\n1"),
+                    ("retryInSeconds", "1"),
+                ],
+            ),
+            (
+                provider(CacheError::UpstreamTimeout(Duration::from_secs(60))),
+                Code::DeadlineExceeded,
+                reason::UPSTREAM_TIMEOUT,
+                vec![("provider", "p"), ("cluster", "c\\n1")],
+            ),
+            (
+                provider(CacheError::Expired),
+                Code::Unavailable,
+                reason::CREDENTIAL_EXPIRED,
+                vec![("provider", "p"), ("cluster", "c\\n1")],
+            ),
+            (
+                provider(CacheError::ExpiresTooSoon(Duration::from_millis(10))),
+                Code::Unavailable,
+                reason::CREDENTIAL_EXPIRED,
+                vec![("provider", "p"), ("cluster", "c\\n1")],
+            ),
+            (
+                provider(CacheError::Busy {
+                    limit: 4,
+                    waited: Duration::from_secs(60),
+                }),
+                Code::Unavailable,
+                reason::PROVIDER_BUSY,
+                vec![
+                    ("provider", "p"),
+                    ("cluster", "c\\n1"),
+                    ("limit", "cache.maxConcurrentFetches"),
+                ],
+            ),
+            (
+                provider(CacheError::Internal("the fetch task panicked".into())),
+                Code::Internal,
+                reason::INTERNAL,
+                vec![("provider", "p"), ("cluster", "c\\n1")],
+            ),
+        ]
+    }
+
+    /// Compile-time exhaustiveness of [`cases`]: every variant named, no wildcard.
+    #[allow(dead_code)]
+    fn covered(e: &BrokerError) {
+        match e {
+            BrokerError::CallerNotAllowed { .. }
+            | BrokerError::RateLimited { .. }
+            | BrokerError::UnknownProvider { .. }
+            | BrokerError::BadSelection(_)
+            | BrokerError::OverrideRefused { .. } => {}
+            BrokerError::BadRequest(r) => match r {
+                RequestError::MissingProvider
+                | RequestError::Undecodable(_)
+                | RequestError::TooLarge { .. }
+                | RequestError::TooDeep { .. }
+                | RequestError::TooManyKeys { .. } => {}
+            },
+            BrokerError::Provider { source, .. } => match source {
+                CacheError::Provider(
+                    ProviderError::InvalidRequest(_)
+                    | ProviderError::NotFound(_)
+                    | ProviderError::Denied(_)
+                    | ProviderError::Unavailable(_)
+                    | ProviderError::Timeout(_)
+                    | ProviderError::Unimplemented(_),
+                )
+                | CacheError::BackingOff { .. }
+                | CacheError::UpstreamTimeout(_)
+                | CacheError::Expired
+                | CacheError::ExpiresTooSoon(_)
+                | CacheError::Busy { .. }
+                | CacheError::Internal(_) => {}
+            },
+        }
+    }
+
+    #[test]
+    fn every_error_has_its_code_reason_and_metadata() {
+        let mut seen = std::collections::BTreeSet::new();
+        for (error, code, why, metadata) in cases() {
+            let message = error.to_string();
+            let status = Status::from(error);
+            assert_eq!(status.code(), code, "{message}");
+            assert_eq!(status.message(), message, "the message is the error's text");
+            let info = status
+                .get_details_error_info()
+                .unwrap_or_else(|| panic!("no ErrorInfo on {message}"));
+            assert_eq!(info.reason, why, "{message}");
+            assert_eq!(info.domain, "credbroker.dev");
+            let want: HashMap<String, String> = metadata
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            assert_eq!(info.metadata, want, "{message}");
+            assert!(
+                info.reason
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c == '_'),
+                "{}",
+                info.reason
+            );
+            seen.insert(why);
+        }
+        let all: std::collections::BTreeSet<_> = reason::ALL.iter().copied().collect();
+        assert_eq!(seen, all, "every listed reason is used, and only those");
+    }
+
+    #[test]
+    fn long_messages_are_cut_and_keep_their_reason() {
+        let status = Status::from(BrokerError::UnknownProvider {
+            name: "p".into(),
+            known: "k".repeat(5000),
+        });
+        assert!(status.message().len() < MAX_STATUS_MESSAGE_BYTES + 32);
+        assert!(status.message().ends_with("bytes)"), "{}", status.message());
+        assert_eq!(
+            status.get_details_error_info().unwrap().reason,
+            reason::UNKNOWN_PROVIDER
+        );
+    }
+}

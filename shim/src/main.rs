@@ -333,48 +333,55 @@ fn status_failure(status: &tonic::Status, provider: &str, socket: &Path) -> Fail
     } else {
         format!("{code}: {}", status.message())
     };
-    use tonic::Code;
-    let hint = match status.code() {
-        // The broker says which: an unknown provider, or a missing source (file, Secret).
-        Code::NotFound if status.message().starts_with("unknown provider") => {
-            "check --provider against providers[].name in the broker config"
-        }
-        Code::NotFound => {
-            "the credential's source for this cluster is missing (the message names it); \
-             check it and the cluster's client.authentication.k8s.io/exec extension"
-        }
-        Code::InvalidArgument => {
-            "check the ClusterProfile's client.authentication.k8s.io/exec extension"
-        }
-        Code::PermissionDenied => {
-            "the broker or the cloud refused this caller/identity; check socket.allowedUids \
-             and the identity's permissions"
-        }
-        Code::Unavailable | Code::DeadlineExceeded => "upstream unavailable; client-go will retry",
-        Code::ResourceExhausted => {
-            "this caller is over the broker's rate limit; client-go will retry, but look for \
-             a loop re-running the plugin"
-        }
-        // tonic's own answer for an unknown method: another gRPC server on this socket.
-        Code::Unimplemented
-            if status.message().is_empty()
-                || status
-                    .message()
-                    .contains("not implemented or not supported") =>
-        {
-            "is the socket credbroker's? check the broker's version"
-        }
-        Code::Unimplemented => {
-            "the broker cannot serve this provider as built or configured; the message says \
-             what is missing"
-        }
-        _ => "check the broker's log",
-    };
     Failure::new(
         format!("the broker could not serve GetToken for provider {provider:?}"),
         why,
-        hint,
+        hint(status),
     )
+}
+
+/// What the operator should do about a status: chosen by the broker's `ErrorInfo` reason
+/// (`credbroker_proto::reason`), never by the message text; by the code when the status
+/// has no credbroker reason.
+fn hint(status: &tonic::Status) -> &'static str {
+    use credbroker_proto::reason;
+    use tonic::Code;
+    use tonic_types::StatusExt as _;
+    let info = status
+        .get_details_error_info()
+        .filter(|info| info.domain == reason::DOMAIN);
+    let why = info.as_ref().map(|info| info.reason.as_str());
+    match (why, status.code()) {
+        (Some(reason::UNKNOWN_PROVIDER), _) => {
+            "check --provider against providers[].name in the broker config"
+        }
+        (Some(reason::SOURCE_NOT_FOUND), _) | (None, Code::NotFound) => {
+            "the credential's source for this cluster is missing (the message names it); \
+             check it and the cluster's client.authentication.k8s.io/exec extension"
+        }
+        (_, Code::InvalidArgument) => {
+            "check the ClusterProfile's client.authentication.k8s.io/exec extension"
+        }
+        (_, Code::PermissionDenied) => {
+            "the broker or the cloud refused this caller/identity; check socket.allowedUids \
+             and the identity's permissions"
+        }
+        (_, Code::Unavailable | Code::DeadlineExceeded) => {
+            "upstream unavailable; client-go will retry"
+        }
+        (Some(reason::RATE_LIMITED), _) | (None, Code::ResourceExhausted) => {
+            "this caller is over the broker's rate limit; client-go will retry, but look for \
+             a loop re-running the plugin"
+        }
+        (Some(reason::PROVIDER_UNIMPLEMENTED), _) => {
+            "the broker cannot serve this provider as built or configured; the message says \
+             what is missing"
+        }
+        // No credbroker reason: tonic's own answer for an unknown method, from another gRPC
+        // server on this socket (or a broker too old to send reasons).
+        (None, Code::Unimplemented) => "is the socket credbroker's? check the broker's version",
+        _ => "check the broker's log",
+    }
 }
 
 /// An error and its causes joined with ": ". A cause whose text its parent already shows
@@ -624,25 +631,62 @@ mod tests {
         );
     }
 
+    /// A status as the broker sends it: code, message and an `ErrorInfo` with `reason`.
+    fn broker_status(code: tonic::Code, message: &str, reason: &str) -> tonic::Status {
+        use tonic_types::StatusExt as _;
+        let details = tonic_types::ErrorDetails::with_error_info(
+            reason,
+            credbroker_proto::reason::DOMAIN,
+            std::collections::HashMap::new(),
+        );
+        tonic::Status::with_error_details(code, message, details)
+    }
+
     #[test]
     fn status_codes_get_hints() {
+        use credbroker_proto::reason;
         let socket = Path::new("/s.sock");
         let cases = [
-            (tonic::Code::NotFound, "source for this cluster is missing"),
-            (tonic::Code::ResourceExhausted, "rate limit"),
-            (tonic::Code::Unimplemented, "as built or configured"),
+            (
+                tonic::Code::NotFound,
+                reason::SOURCE_NOT_FOUND,
+                "source for this cluster is missing",
+            ),
+            (
+                tonic::Code::ResourceExhausted,
+                reason::RATE_LIMITED,
+                "rate limit",
+            ),
+            (
+                tonic::Code::Unimplemented,
+                reason::PROVIDER_UNIMPLEMENTED,
+                "as built or configured",
+            ),
             (
                 tonic::Code::InvalidArgument,
+                reason::INVALID_CLUSTER_INPUT,
                 "client.authentication.k8s.io/exec extension",
             ),
-            (tonic::Code::PermissionDenied, "socket.allowedUids"),
-            (tonic::Code::Unavailable, "client-go will retry"),
-            (tonic::Code::DeadlineExceeded, "client-go will retry"),
-            (tonic::Code::Internal, "broker's log"),
+            (
+                tonic::Code::PermissionDenied,
+                reason::CALLER_NOT_ALLOWED,
+                "socket.allowedUids",
+            ),
+            (
+                tonic::Code::Unavailable,
+                reason::UPSTREAM_UNAVAILABLE,
+                "client-go will retry",
+            ),
+            (
+                tonic::Code::DeadlineExceeded,
+                reason::UPSTREAM_TIMEOUT,
+                "client-go will retry",
+            ),
+            (tonic::Code::Internal, reason::INTERNAL, "broker's log"),
         ];
-        for (code, hint) in cases {
+        for (code, why, hint) in cases {
             let f = status_failure(
-                &tonic::Status::new(code, "provider \"p\", cluster \"c\""),
+                &broker_status(code, "provider \"p\", cluster \"c\"", why),
                 "p",
                 socket,
             );
@@ -658,9 +702,10 @@ mod tests {
         }
         let f = status_failure(&tonic::Status::new(tonic::Code::Internal, ""), "p", socket);
         assert_eq!(f.why, "INTERNAL");
-        let unknown = tonic::Status::new(
+        let unknown = broker_status(
             tonic::Code::NotFound,
             "unknown provider \"p\" (configured: a)",
+            credbroker_proto::reason::UNKNOWN_PROVIDER,
         );
         assert!(
             status_failure(&unknown, "p", socket)
@@ -673,6 +718,50 @@ mod tests {
                 .hint
                 .contains("credbroker's")
         );
+    }
+
+    #[test]
+    fn hints_follow_the_reason_not_the_text() {
+        use credbroker_proto::reason;
+        let socket = Path::new("/s.sock");
+        let hint = |status: tonic::Status| status_failure(&status, "p", socket).hint;
+        // A source's message that happens to start like an unknown provider's.
+        let source = broker_status(
+            tonic::Code::NotFound,
+            "unknown provider-side file /t/c",
+            reason::SOURCE_NOT_FOUND,
+        );
+        assert!(hint(source).contains("source for this cluster is missing"));
+        // An unknown provider whatever its message says.
+        let unknown = broker_status(
+            tonic::Code::NotFound,
+            "no such thing",
+            reason::UNKNOWN_PROVIDER,
+        );
+        assert!(hint(unknown).contains("providers[].name"));
+        // The message alone no longer decides: no reason, the code's hint.
+        let text_only = tonic::Status::not_found("unknown provider \"p\" (configured: a)");
+        assert!(hint(text_only).contains("source for this cluster is missing"));
+        // A reason from another domain is not credbroker's.
+        let foreign = {
+            use tonic_types::StatusExt as _;
+            let details = tonic_types::ErrorDetails::with_error_info(
+                reason::UNKNOWN_PROVIDER,
+                "example.com",
+                std::collections::HashMap::new(),
+            );
+            tonic::Status::with_error_details(tonic::Code::NotFound, "x", details)
+        };
+        assert!(hint(foreign).contains("source for this cluster is missing"));
+        // The broker's own UNIMPLEMENTED vs. another server's.
+        let not_built = broker_status(
+            tonic::Code::Unimplemented,
+            "",
+            reason::PROVIDER_UNIMPLEMENTED,
+        );
+        assert!(hint(not_built).contains("as built or configured"));
+        let other_server = tonic::Status::unimplemented("provider type aws is not built in");
+        assert!(hint(other_server).contains("credbroker's"));
     }
 
     #[derive(Debug)]
@@ -741,9 +830,11 @@ mod tests {
                     }),
                     ..Default::default()
                 })),
-                Behaviour::NotFound => Err(tonic::Status::not_found(format!(
-                    "unknown provider {provider:?}\n(configured: eks, gke)"
-                ))),
+                Behaviour::NotFound => Err(broker_status(
+                    tonic::Code::NotFound,
+                    &format!("unknown provider {provider:?}\n(configured: eks, gke)"),
+                    credbroker_proto::reason::UNKNOWN_PROVIDER,
+                )),
                 Behaviour::Hang => std::future::pending().await,
             }
         }
