@@ -691,4 +691,22 @@ mod table {
             reason::UNKNOWN_PROVIDER
         );
     }
+
+    /// The proto's comments and the contract list every reason with its code.
+    #[test]
+    fn every_reason_is_documented_with_its_code() {
+        let proto = include_str!("../../proto/credbroker/v1/token.proto");
+        let contract = include_str!("../../docs/contract.md");
+        for (error, code, why, _) in cases() {
+            let code = credbroker_proto::code_name(code);
+            assert!(
+                proto.contains(&format!("//   {why}:\n//       {code}:")),
+                "token.proto lacks {why} ({code}) for {error}"
+            );
+            assert!(
+                contract.contains(&format!("| `{why}` | `{code}` |")),
+                "docs/contract.md lacks {why} ({code})"
+            );
+        }
+    }
 }
