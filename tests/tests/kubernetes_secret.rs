@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use credbroker_proto::v1::ListProvidersRequest;
 use credbroker_proto::v1::admin_service_client::AdminServiceClient;
-use credbroker_tests::kube_api::{FakeKubeApi, KubeCall};
+use credbroker_tests::fakes::kube_api::{FakeKubeApi, KubeCall};
 use credbroker_tests::{
     Broker, FakeApiServer, Kubeconfig, V1, assert_credential, assert_shim_error, config_yaml,
     describe, exec_info, kubectl, run_shim, tempdir, unix_channel, wait_until, write_kubeconfig,

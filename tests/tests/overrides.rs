@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use credbroker_proto::v1::ListEntriesRequest;
 use credbroker_proto::v1::admin_service_client::AdminServiceClient;
-use credbroker_tests::kube_api::FakeKubeApi;
+use credbroker_tests::fakes::kube_api::FakeKubeApi;
 use credbroker_tests::{
     Broker, V1, assert_credential, assert_shim_error, config_yaml, describe, exec_info, run_shim,
     tempdir, unix_channel, yaml_str,

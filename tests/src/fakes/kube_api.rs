@@ -4,6 +4,9 @@
 //! selectors, bearer-token check. Every request is recorded, so tests can count lists and
 //! check paths, selectors and the Authorization header. It can be stopped (every
 //! connection dropped) and started again on the same port, like an API server restart.
+//!
+//! It shares the other fakes' CA ([`tls_config`](super::tls_config)) but not
+//! [`FakeHttps`](super::FakeHttps): it streams watch responses and restarts on its port.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -81,7 +84,7 @@ impl FakeKubeApi {
             .enable_all()
             .build()
             .expect("tokio runtime");
-        let (ca_pem, tls) = crate::tls_config();
+        let (ca_pem, tls) = super::tls_config();
         let (changed, _) = tokio::sync::broadcast::channel(1024);
         let shared = Arc::new(Shared {
             namespace: namespace.to_owned(),
