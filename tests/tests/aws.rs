@@ -2,136 +2,50 @@
 //! STS (IRSA, AssumeRole counting), a TLS fake STS for the failures moto cannot produce,
 //! botocore (the AWS CLI's `aws eks get-token` code) as the reference signer, and kubectl
 //! against an EKS-shaped TLS API server that decodes and checks every token it receives.
+//! The fakes and checks live in the harness (`credbroker_tests::fakes::sts`).
 //!
 //! The broker runs with a cleared environment plus exactly the AWS variables each test sets
 //! (HOME in a temp dir, instance metadata disabled), so nothing on the machine leaks in.
 
-use std::collections::BTreeMap;
-use std::io::{Read as _, Write as _};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::Output;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine as _;
-use credbroker_proto::v1::token_service_client::TokenServiceClient;
-use credbroker_proto::v1::{Cluster, GetTokenRequest};
-use credbroker_tests::{
-    BROKER, Kubeconfig, V1, V1BETA1, assert_credential, assert_shim_error, bin, describe,
-    exec_info, kubectl, run, run_shim, serve_tls, tempdir, tls_config, unix_channel, wait_until,
-    write_kubeconfig, yaml_str,
+use credbroker_proto::v1::Cluster;
+use credbroker_tests::fakes::sts::{
+    ACCOUNT, Moto, amz_date, assert_sigv4_signed, assume_role_ok, botocore_token, check_shape,
+    decode_token, rfc3339_of_amz_date, sts_error,
 };
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::Bytes;
+use credbroker_tests::{
+    Broker, FakeHttps, Kubeconfig, Reply, Seen, V1, V1BETA1, assert_credential, assert_shim_error,
+    cluster, describe, exec_info, get_token, get_token_blocking, kubectl, run_shim, tempdir,
+    wait_until, write_kubeconfig, yaml_str,
+};
 use serde_json::{Value, json};
-use tempfile::TempDir;
 
-const ACCOUNT: &str = "123456789012";
 const STATIC_KEY: &str = "AKIAIOSFODNN7EXAMPLE";
 const STATIC_SECRET: &str = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY";
-/// aws-iam-authenticator's allow-list of query keys in a token's URL.
-const ALLOWED_QUERY_KEYS: [&str; 9] = [
-    "Action",
-    "Version",
-    "X-Amz-Algorithm",
-    "X-Amz-Credential",
-    "X-Amz-Date",
-    "X-Amz-Expires",
-    "X-Amz-Security-Token",
-    "X-Amz-Signature",
-    "X-Amz-SignedHeaders",
-];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/aws")
-        .join(name)
-}
-
-fn python3() -> &'static str {
-    "python3"
-}
 
 // ---------------------------------------------------------------------------------------
 // A broker with a controlled environment
 // ---------------------------------------------------------------------------------------
 
-/// `credbroker serve` with a cleared environment plus `env`; killed on drop.
-struct AwsBroker {
-    _dir: TempDir,
-    socket: PathBuf,
-    log: PathBuf,
-    child: Child,
-}
-
-impl AwsBroker {
-    /// `providers` is the YAML list body (entries of [`aws_provider`]).
-    fn start(providers: &[String], env: &[(&str, String)]) -> AwsBroker {
-        let dir = tempdir();
-        let socket = dir.path().join("broker.sock");
-        let home = dir.path().join("home");
-        std::fs::create_dir_all(&home).expect("home dir");
-        let mut yaml = format!(
-            "socket: {{path: {}}}\nproviders:\n",
-            yaml_str(socket.to_str().expect("UTF-8"))
-        );
-        for p in providers {
-            yaml.push_str(p);
-        }
-        let config = dir.path().join("config.yaml");
-        std::fs::write(&config, yaml).expect("write config");
-        let log = dir.path().join("broker.log");
-        let log_file = std::fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(bin(BROKER));
-        cmd.arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .env_clear()
-            .env("HOME", &home)
-            .env("AWS_CONFIG_FILE", home.join("no-config"))
-            .env("AWS_SHARED_CREDENTIALS_FILE", home.join("no-credentials"))
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("dup"))
-            .stderr(log_file);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("spawn credbroker");
-        let mut broker = AwsBroker {
-            _dir: dir,
-            socket,
-            log,
-            child,
-        };
-        let ready = wait_until(Duration::from_secs(15), || {
-            std::os::unix::net::UnixStream::connect(&broker.socket).is_ok()
-        });
-        if !ready {
-            let _ = broker.child.kill();
-            panic!("broker did not listen within 15s; log:\n{}", broker.logs());
-        }
-        broker
-    }
-
-    fn socket(&self) -> &Path {
-        &self.socket
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for AwsBroker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `credbroker serve` with a cleared environment plus `env` (after the defaults: `HOME` in
+/// its temp dir with no AWS config or credentials files, instance metadata disabled, `RUST_LOG=info`).
+/// `providers` are entries of [`aws_provider`].
+fn aws_broker(providers: &[String], env: &[(&str, String)]) -> Broker {
+    let builder = Broker::builder().providers(providers).env_clear().home();
+    let home = builder.home_dir();
+    builder
+        .env("AWS_CONFIG_FILE", home.join("no-config"))
+        .env("AWS_SHARED_CREDENTIALS_FILE", home.join("no-credentials"))
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("RUST_LOG", "info")
+        .envs(env)
+        .start()
 }
 
 /// A `type: aws` provider entry; `aws` is the inside of the `aws:` flow mapping.
@@ -151,11 +65,7 @@ fn static_keys(session_token: Option<&str>) -> Vec<(&'static str, String)> {
 }
 
 /// One shim run for `cluster_config` (and `server`), asserting success; the token.
-fn token_for(
-    broker: &AwsBroker,
-    server: &str,
-    cluster_config: Value,
-) -> credbroker_tests::Credential {
+fn token_for(broker: &Broker, server: &str, cluster_config: Value) -> credbroker_tests::Credential {
     let info = exec_info(V1, server, cluster_config);
     let out = run_shim(broker.socket(), &["--provider", "eks"], Some(&info));
     if !out.status.success() {
@@ -168,493 +78,14 @@ fn token_for(
     assert_credential(&out, V1)
 }
 
-fn shim_fails(broker: &AwsBroker, server: &str, cluster_config: Value) -> Output {
+fn shim_fails(broker: &Broker, server: &str, cluster_config: Value) -> Output {
     let info = exec_info(V1, server, cluster_config);
     run_shim(broker.socket(), &["--provider", "eks"], Some(&info))
 }
 
-// ---------------------------------------------------------------------------------------
-// Tokens
-// ---------------------------------------------------------------------------------------
-
-/// A decoded token: host and query (percent-decoded values).
-#[derive(Debug)]
-struct Decoded {
-    host: String,
-    path: String,
-    query: Vec<(String, String)>,
-}
-
-impl Decoded {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.query
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// Decodes `k8s-aws-v1.<base64url without padding>` into its presigned URL, or says why not.
-fn decode_token(token: &str) -> Result<Decoded, String> {
-    let b64 = token
-        .strip_prefix("k8s-aws-v1.")
-        .ok_or("no k8s-aws-v1. prefix")?;
-    if b64.contains('=') {
-        return Err("padded base64".into());
-    }
-    let url = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(b64)
-        .map_err(|e| format!("not base64url: {e}"))?;
-    let url = String::from_utf8(url).map_err(|_| "URL is not UTF-8")?;
-    let rest = url.strip_prefix("https://").ok_or("not an https URL")?;
-    let (host, rest) = rest.split_once('/').ok_or("no path")?;
-    let (path, query) = rest.split_once('?').ok_or("no query")?;
-    let mut pairs = Vec::new();
-    for kv in query.split('&') {
-        let (k, v) = kv.split_once('=').ok_or("query pair without =")?;
-        pairs.push((k.to_owned(), percent_decode(v)?));
-    }
-    Ok(Decoded {
-        host: host.to_owned(),
-        path: format!("/{path}"),
-        query: pairs,
-    })
-}
-
-fn percent_decode(s: &str) -> Result<String, String> {
-    let mut out = Vec::new();
-    let bytes = s.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3).ok_or("truncated %-escape")?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| "bad %-escape")?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "escape is not UTF-8".into())
-}
-
-/// What aws-iam-authenticator checks before it calls STS: host, path, the query key
-/// allow-list, Action, X-Amz-Expires, that x-k8s-aws-id is signed, and a fresh X-Amz-Date.
-fn check_shape(token: &str, host: &str) -> Result<Decoded, String> {
-    let d = decode_token(token)?;
-    if d.host != host {
-        return Err(format!("host {} (want {host})", d.host));
-    }
-    if d.path != "/" {
-        return Err(format!("path {}", d.path));
-    }
-    let mut seen = std::collections::HashSet::new();
-    for (k, _) in &d.query {
-        if !ALLOWED_QUERY_KEYS.contains(&k.as_str()) {
-            return Err(format!("query key {k} is not allowed"));
-        }
-        if !seen.insert(k.clone()) {
-            return Err(format!("query key {k} repeated"));
-        }
-    }
-    let want = [
-        ("Action", "GetCallerIdentity"),
-        ("Version", "2011-06-15"),
-        ("X-Amz-Algorithm", "AWS4-HMAC-SHA256"),
-        ("X-Amz-Expires", "60"),
-    ];
-    for (k, v) in want {
-        if d.get(k) != Some(v) {
-            return Err(format!("{k}={:?} (want {v})", d.get(k)));
-        }
-    }
-    let signed = d.get("X-Amz-SignedHeaders").unwrap_or_default();
-    if !signed.split(';').any(|h| h == "x-k8s-aws-id") || !signed.split(';').any(|h| h == "host") {
-        return Err(format!(
-            "signed headers {signed:?} lack host or x-k8s-aws-id"
-        ));
-    }
-    let date = d.get("X-Amz-Date").ok_or("no X-Amz-Date")?;
-    let signed_at = amz_date(date)?;
-    let age = SystemTime::now()
-        .duration_since(signed_at)
-        .unwrap_or_default();
-    if age > Duration::from_secs(15 * 60) {
-        return Err(format!("signed {age:?} ago: expired for the authenticator"));
-    }
-    let sig = d.get("X-Amz-Signature").unwrap_or_default();
-    if sig.len() != 64 || !sig.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!("signature {sig:?}"));
-    }
-    Ok(d)
-}
-
-/// `20240501T123456Z` → a time.
-fn amz_date(date: &str) -> Result<SystemTime, String> {
-    if date.len() != 16 {
-        return Err(format!("X-Amz-Date {date:?}"));
-    }
-    let t = time::OffsetDateTime::parse(
-        &rfc3339_of_amz_date(date),
-        &time::format_description::well_known::Rfc3339,
-    )
-    .map_err(|e| format!("X-Amz-Date {date:?}: {e}"))?;
-    Ok(
-        SystemTime::UNIX_EPOCH
-            + Duration::from_secs(u64::try_from(t.unix_timestamp()).unwrap_or(0)),
-    )
-}
-
-fn rfc3339_of_amz_date(date: &str) -> String {
-    format!(
-        "{}-{}-{}T{}:{}:{}Z",
-        &date[0..4],
-        &date[4..6],
-        &date[6..8],
-        &date[9..11],
-        &date[11..13],
-        &date[13..15]
-    )
-}
-
-/// What `aws eks get-token` (botocore) prints for the same inputs and signing time.
-fn botocore_token(case: &Value) -> String {
-    let out = run(
-        Command::new(python3())
-            .arg(fixture("botocore_token.py"))
-            .arg("token")
-            .arg(case.to_string()),
-        Duration::from_secs(60),
-    );
-    assert!(
-        out.status.success(),
-        "botocore_token.py failed (is the AWS CLI / botocore installed?): {}",
-        describe(&out)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-// ---------------------------------------------------------------------------------------
-// moto
-// ---------------------------------------------------------------------------------------
-
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// `python3 -m moto.server` on 127.0.0.1; killed on drop.
-struct Moto {
-    child: Child,
-    url: String,
-    _log_dir: TempDir,
-}
-
-impl Moto {
-    fn start() -> Moto {
-        let port = free_port();
-        let log_dir = tempdir();
-        let log = std::fs::File::create(log_dir.path().join("moto.log")).expect("moto log");
-        let child = Command::new(python3())
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("dup"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn moto (pip install 'moto[server]')");
-        let mut moto = Moto {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            _log_dir: log_dir,
-        };
-        let up = wait_until(Duration::from_secs(30), || {
-            matches!(
-                http_get(&moto.url, "/moto-api/data.json", &[]),
-                Ok((200, _))
-            )
-        });
-        if !up {
-            let _ = moto.child.kill();
-            let log =
-                std::fs::read_to_string(moto._log_dir.path().join("moto.log")).unwrap_or_default();
-            panic!("moto did not answer within 30s (pip install 'moto[server]'):\n{log}");
-        }
-        moto
-    }
-
-    /// How many assumed-role sessions moto has issued (AssumeRole and
-    /// AssumeRoleWithWebIdentity both create one).
-    fn assumed_roles(&self) -> Vec<Value> {
-        let (status, body) = http_get(&self.url, "/moto-api/data.json", &[]).expect("moto data");
-        assert_eq!(status, 200, "{body}");
-        let data: Value = serde_json::from_str(&body).expect("moto data JSON");
-        data["sts"]["AssumedRole"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    /// moto's GetCallerIdentity for the key a token was signed with: the ARN it maps to.
-    fn caller_arn(&self, token: &Decoded) -> String {
-        let credential = token.get("X-Amz-Credential").expect("credential");
-        // moto reads the key id from an Authorization header only (not from a presigned
-        // query), so hand it the token's credential scope that way.
-        let auth = format!(
-            "AWS4-HMAC-SHA256 Credential={credential}, SignedHeaders=host, Signature={}",
-            token.get("X-Amz-Signature").unwrap_or_default()
-        );
-        let (status, body) = http_get(
-            &self.url,
-            "/?Action=GetCallerIdentity&Version=2011-06-15",
-            &[("Authorization", &auth)],
-        )
-        .expect("moto GetCallerIdentity");
-        assert_eq!(status, 200, "{body}");
-        between(&body, "<Arn>", "</Arn>").unwrap_or_else(|| panic!("no Arn in {body}"))
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn between(text: &str, start: &str, end: &str) -> Option<String> {
-    let from = text.find(start)? + start.len();
-    let to = text[from..].find(end)? + from;
-    Some(text[from..to].to_owned())
-}
-
-/// A plain HTTP/1.1 GET to `base` (http://127.0.0.1:port); (status, body).
-fn http_get(base: &str, path: &str, headers: &[(&str, &str)]) -> std::io::Result<(u16, String)> {
-    let addr = base.strip_prefix("http://").expect("http URL");
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    stream.write_all(req.as_bytes())?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
-// ---------------------------------------------------------------------------------------
-// A TLS server for fakes (STS, the Kubernetes API)
-// ---------------------------------------------------------------------------------------
-
-/// One request a fake received.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    path_and_query: String,
-    headers: BTreeMap<String, String>,
-    body: String,
-}
-
-type Handler = dyn Fn(&Seen) -> (u16, String) + Send + Sync;
-
-/// HTTPS on 127.0.0.1 with a fresh CA; answers with `handler`, records every request.
-struct FakeHttps {
-    url: String,
-    ca_pem: String,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl FakeHttps {
-    fn start(handler: Arc<Handler>) -> FakeHttps {
-        let (ca_pem, tls) = tls_config();
-        let listener =
-            std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).expect("bind");
-        let url = format!("https://{}", listener.local_addr().expect("addr"));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let thread_seen = Arc::clone(&seen);
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(serve_tls(
-                listener,
-                tls,
-                rx,
-                move |req: hyper::Request<hyper::body::Incoming>| {
-                    let handler = Arc::clone(&handler);
-                    let seen = Arc::clone(&thread_seen);
-                    async move {
-                        let method = req.method().to_string();
-                        let path_and_query = req
-                            .uri()
-                            .path_and_query()
-                            .map(|p| p.to_string())
-                            .unwrap_or_default();
-                        let headers = req
-                            .headers()
-                            .iter()
-                            .map(|(k, v)| {
-                                (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned())
-                            })
-                            .collect();
-                        let body = req
-                            .into_body()
-                            .collect()
-                            .await
-                            .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
-                            .unwrap_or_default();
-                        let request = Seen {
-                            method,
-                            path_and_query,
-                            headers,
-                            body,
-                        };
-                        let (status, body) = handler(&request);
-                        seen.lock().expect("lock").push(request);
-                        let content_type = if body.starts_with('<') {
-                            "text/xml"
-                        } else {
-                            "application/json"
-                        };
-                        hyper::Response::builder()
-                            .status(status)
-                            .header("content-type", content_type)
-                            .body(Full::new(Bytes::from(body)))
-                            .expect("response")
-                    }
-                },
-            ));
-        });
-        FakeHttps {
-            url,
-            ca_pem,
-            seen,
-            shutdown: Some(tx),
-            thread: Some(thread),
-        }
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().expect("lock").clone()
-    }
-
-    /// The CA as a file, for the broker's SSL_CERT_FILE or a kubeconfig.
-    fn ca_file(&self, dir: &Path) -> PathBuf {
-        let path = dir.join("fake-ca.pem");
-        std::fs::write(&path, &self.ca_pem).expect("write CA");
-        path
-    }
-}
-
-impl Drop for FakeHttps {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// A fake STS
-// ---------------------------------------------------------------------------------------
-
-/// Form fields of an STS query-protocol POST body.
-fn form(body: &str) -> BTreeMap<String, String> {
-    body.split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| {
-            let v = percent_decode(&v.replace('+', " ")).unwrap_or_default();
-            (k.to_owned(), v)
-        })
-        .collect()
-}
-
-fn assume_role_ok(n: usize, life: Duration) -> String {
-    let expiration = time::OffsetDateTime::now_utc() + life;
-    let expiration = expiration
-        .format(&time::format_description::well_known::Rfc3339)
-        .expect("format");
-    format!(
-        r#"<AssumeRoleResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
-  <AssumeRoleResult>
-    <AssumedRoleUser>
-      <AssumedRoleId>AROAEXAMPLE:credbroker</AssumedRoleId>
-      <Arn>arn:aws:sts::{ACCOUNT}:assumed-role/kueue/credbroker</Arn>
-    </AssumedRoleUser>
-    <Credentials>
-      <AccessKeyId>ASIAFAKESTS{n:09}</AccessKeyId>
-      <SecretAccessKey>fake-secret-{n}</SecretAccessKey>
-      <SessionToken>fake-session-token-{n}</SessionToken>
-      <Expiration>{expiration}</Expiration>
-    </Credentials>
-  </AssumeRoleResult>
-  <ResponseMetadata><RequestId>req-{n}</RequestId></ResponseMetadata>
-</AssumeRoleResponse>"#
-    )
-}
-
-fn sts_error(code: &str, message: &str) -> String {
-    format!(
-        r#"<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
-  <Error><Type>Sender</Type><Code>{code}</Code><Message>{message}</Message></Error>
-  <RequestId>err-1</RequestId>
-</ErrorResponse>"#
-    )
-}
-
 /// Checks with botocore that every request was SigV4-signed with the static test key.
 fn assert_signed_with_static_key(requests: &[Seen], base_url: &str) {
-    let dir = tempdir();
-    let spec = json!({
-        "accessKeyId": STATIC_KEY,
-        "secretAccessKey": STATIC_SECRET,
-        "requests": requests.iter().map(|r| json!({
-            "method": r.method,
-            "url": format!("{base_url}{}", r.path_and_query),
-            "headers": r.headers,
-            "body": r.body,
-        })).collect::<Vec<_>>(),
-    });
-    let path = dir.path().join("requests.json");
-    std::fs::write(&path, spec.to_string()).expect("write requests");
-    let out = run(
-        Command::new(python3())
-            .arg(fixture("verify_sigv4.py"))
-            .arg(&path),
-        Duration::from_secs(60),
-    );
-    assert!(
-        out.status.success(),
-        "SigV4 signatures of the STS requests do not verify: {}",
-        describe(&out)
-    );
+    assert_sigv4_signed(requests, base_url, STATIC_KEY, STATIC_SECRET);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -666,7 +97,7 @@ fn assert_signed_with_static_key(requests: &[Seen], base_url: &str) {
 #[test]
 fn token_is_what_aws_eks_get_token_signs() {
     for session in [None, Some("FwoGZXIvYXdzEJr//////////wEaDH+session/token==")] {
-        let broker = AwsBroker::start(
+        let broker = aws_broker(
             &[aws_provider("eks", "region: eu-west-1")],
             &static_keys(session),
         );
@@ -721,7 +152,7 @@ fn irsa_web_identity_through_moto() {
         .encode(br#"{"sub":"system:serviceaccount:kueue-system:kueue-controller-manager","aud":"sts.amazonaws.com"}"#);
     std::fs::write(&token_file, format!("eyJhbGciOiJSUzI1NiJ9.{claims}.c2ln")).expect("token");
     let role = format!("arn:aws:iam::{ACCOUNT}:role/kueue-irsa");
-    let broker = AwsBroker::start(
+    let broker = aws_broker(
         &[aws_provider("eks", "")],
         &[
             ("AWS_REGION", "us-west-2".to_owned()),
@@ -778,7 +209,7 @@ fn one_assume_role_for_twenty_clusters_and_a_hundred_tokens() {
     let role = format!("arn:aws:iam::{ACCOUNT}:role/kueue");
     let mut env = static_keys(None);
     env.push(("AWS_ENDPOINT_URL_STS", moto.url.clone()));
-    let broker = AwsBroker::start(
+    let broker = aws_broker(
         &[aws_provider(
             "eks",
             &format!(
@@ -832,7 +263,7 @@ fn one_assume_role_for_twenty_clusters_and_a_hundred_tokens() {
 fn kubectl_reaches_an_eks_shaped_cluster() {
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&accepted);
-    let api = FakeHttps::start(Arc::new(move |req: &Seen| {
+    let api = FakeHttps::spawn(move |req: &Seen| {
         let token = req
             .headers
             .get("authorization")
@@ -848,8 +279,8 @@ fn kubectl_reaches_an_eks_shaped_cluster() {
                 json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Unauthorized", "code": 401}).to_string(),
             ),
         }
-    }));
-    let broker = AwsBroker::start(
+    });
+    let broker = aws_broker(
         &[aws_provider("eks", "")],
         &static_keys(Some("kubectl-session")),
     );
@@ -860,8 +291,8 @@ fn kubectl_reaches_an_eks_shaped_cluster() {
         write_kubeconfig(
             &kubeconfig,
             &Kubeconfig {
-                server: &api.url,
-                ca_pem: &api.ca_pem,
+                server: api.url(),
+                ca_pem: api.ca_pem(),
                 // The ClusterProfile extension: {clusterName, region}.
                 cluster_config: json!({"clusterName": cluster, "region": "eu-north-1"}),
                 api_version,
@@ -903,7 +334,7 @@ fn kubectl_reaches_an_eks_shaped_cluster() {
 /// names the cluster.
 #[test]
 fn region_selection_end_to_end() {
-    let broker = AwsBroker::start(
+    let broker = aws_broker(
         &[
             aws_provider("eks", ""),
             aws_provider("eks-pinned", "region: ap-northeast-1"),
@@ -936,14 +367,14 @@ fn region_selection_end_to_end() {
     // With AWS_REGION the SDK default fills in.
     let mut env = static_keys(None);
     env.push(("AWS_REGION", "eu-south-1".to_owned()));
-    let broker = AwsBroker::start(&[aws_provider("eks", "")], &env);
+    let broker = aws_broker(&[aws_provider("eks", "")], &env);
     let cred = token_for(&broker, "https://10.9.9.9", json!({"clusterName": "gamma"}));
     assert_eq!(
         decode_token(&cred.token).unwrap().host,
         "sts.eu-south-1.amazonaws.com"
     );
     // The global endpoint on request.
-    let broker = AwsBroker::start(
+    let broker = aws_broker(
         &[aws_provider(
             "eks",
             "region: us-west-2, stsEndpoint: global",
@@ -962,7 +393,7 @@ fn region_selection_end_to_end() {
 /// No credential source at all: UNAVAILABLE, naming every source the chain tried.
 #[test]
 fn no_credentials_says_which_sources_were_tried() {
-    let broker = AwsBroker::start(&[aws_provider("eks", "region: us-west-2")], &[]);
+    let broker = aws_broker(&[aws_provider("eks", "region: us-west-2")], &[]);
     let out = shim_fails(&broker, "https://10.0.0.1", json!({"clusterName": "alpha"}));
     let line = assert_shim_error(
         &out,
@@ -979,71 +410,20 @@ fn no_credentials_says_which_sources_were_tried() {
     assert!(!line.contains(STATIC_SECRET));
 }
 
-/// An instance metadata endpoint that refuses everything with 403 and a multi-kilobyte body,
-/// as IMDS does when disabled on the instance, and as sandboxes' metadata proxies do.
-struct RefusingImds {
-    url: String,
-    requests: Arc<AtomicUsize>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// The body of every refusal: large, and marked, to find it if it reaches a log.
+/// The body of every refusal of [`refusing_imds`]: large, and marked, to find it if it
+/// reaches a log.
 const IMDS_REFUSAL_MARK: &str = "imds-refusal-body";
 
-impl RefusingImds {
-    fn start() -> RefusingImds {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let requests = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let body = format!(
-            "<html><body>{}</body></html>",
-            IMDS_REFUSAL_MARK.repeat(400)
-        );
-        let (count, stopped) = (Arc::clone(&requests), Arc::clone(&stop));
-        let thread = std::thread::spawn(move || {
-            while !stopped.load(Ordering::SeqCst) {
-                let Ok((mut stream, _)) = listener.accept() else {
-                    std::thread::sleep(Duration::from_millis(5));
-                    continue;
-                };
-                let _ = stream.set_nonblocking(false);
-                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && head.len() < 64 * 1024 {
-                    match stream.read(&mut byte) {
-                        Ok(1) => head.push(byte[0]),
-                        _ => break,
-                    }
-                }
-                count.fetch_add(1, Ordering::SeqCst);
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 403 Forbidden\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\
-                     connection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            }
-        });
-        RefusingImds {
-            url,
-            requests,
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for RefusingImds {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+/// An instance metadata endpoint that refuses everything with 403 and a multi-kilobyte body,
+/// as IMDS does when disabled on the instance, and as sandboxes' metadata proxies do.
+fn refusing_imds() -> FakeHttps {
+    let body = format!(
+        "<html><body>{}</body></html>",
+        IMDS_REFUSAL_MARK.repeat(400)
+    );
+    FakeHttps::spawn_plain(move |_req: &Seen| {
+        Reply::new(403, body.clone()).header("content-type", "text/html")
+    })
 }
 
 /// No credentials, and instance metadata refusing (403) rather than absent: the error still
@@ -1051,12 +431,12 @@ impl Drop for RefusingImds {
 /// SDK's WARN dumps of the raw refusals stay out of the log (they ran to kilobytes).
 #[test]
 fn refusing_instance_metadata_still_lists_every_source_and_logs_no_dump() {
-    let imds = RefusingImds::start();
-    let broker = AwsBroker::start(
+    let imds = refusing_imds();
+    let broker = aws_broker(
         &[aws_provider("eks", "")],
         &[
             ("AWS_EC2_METADATA_DISABLED", "false".to_owned()),
-            ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.url.clone()),
+            ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.url().to_owned()),
         ],
     );
     let out = shim_fails(
@@ -1079,7 +459,7 @@ fn refusing_instance_metadata_still_lists_every_source_and_logs_no_dump() {
     );
     assert!(!line.contains(IMDS_REFUSAL_MARK), "{line}");
     assert!(
-        imds.requests.load(Ordering::SeqCst) > 0,
+        !imds.seen().is_empty(),
         "the chain reached instance metadata"
     );
     let logs = broker.logs();
@@ -1103,7 +483,7 @@ fn refusing_instance_metadata_still_lists_every_source_and_logs_no_dump() {
 #[tokio::test(flavor = "multi_thread")]
 async fn assume_role_denied_is_permission_denied() {
     let role = format!("arn:aws:iam::{ACCOUNT}:role/denied");
-    let sts = FakeHttps::start(Arc::new(|_req: &Seen| {
+    let sts = FakeHttps::spawn(|_req: &Seen| {
         (
             403,
             sts_error(
@@ -1111,15 +491,15 @@ async fn assume_role_denied_is_permission_denied() {
                 "User: arn:aws:iam::123456789012:user/base is not authorized to perform: sts:AssumeRole",
             ),
         )
-    }));
+    });
     let dir = tempdir();
     let mut env = static_keys(None);
-    env.push(("AWS_ENDPOINT_URL_STS", sts.url.clone()));
+    env.push(("AWS_ENDPOINT_URL_STS", sts.url().to_owned()));
     env.push((
         "SSL_CERT_FILE",
         sts.ca_file(dir.path()).display().to_string(),
     ));
-    let broker = AwsBroker::start(
+    let broker = aws_broker(
         &[aws_provider(
             "eks",
             &format!(
@@ -1129,13 +509,7 @@ async fn assume_role_denied_is_permission_denied() {
         )],
         &env,
     );
-    let mut client = TokenServiceClient::new(unix_channel(broker.socket()).await);
-    let status = client
-        .get_token(GetTokenRequest {
-            provider: "eks".into(),
-            cluster: Some(cluster_with_name("alpha")),
-            interactive: false,
-        })
+    let status = get_token(broker.socket(), "eks", cluster_with_name("alpha"))
         .await
         .expect_err("denied");
     assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
@@ -1154,7 +528,7 @@ async fn assume_role_denied_is_permission_denied() {
 
     let seen = sts.seen();
     assert_eq!(seen.len(), 1, "a denial is not retried: {seen:?}");
-    let fields = form(&seen[0].body);
+    let fields = seen[0].form();
     assert_eq!(fields.get("Action").map(String::as_str), Some("AssumeRole"));
     assert_eq!(fields.get("RoleArn"), Some(&role));
     assert_eq!(
@@ -1166,7 +540,7 @@ async fn assume_role_denied_is_permission_denied() {
         Some("ext-1234")
     );
     assert!(seen[0].headers["authorization"].contains(&format!("Credential={STATIC_KEY}/")));
-    assert_signed_with_static_key(&seen, &sts.url);
+    assert_signed_with_static_key(&seen, sts.url());
 }
 
 /// Throttling and 5xx on renewal: the SDK retries with backoff, the broker backs off, and
@@ -1184,7 +558,7 @@ fn throttling_and_5xx_are_retried_while_the_cached_token_is_served() {
         Arc::clone(&calls),
         Arc::clone(&failures),
     );
-    let sts = FakeHttps::start(Arc::new(move |_req: &Seen| {
+    let sts = FakeHttps::spawn(move |_req: &Seen| {
         let n = c.fetch_add(1, Ordering::SeqCst) + 1;
         if f.load(Ordering::SeqCst) {
             let k = e.fetch_add(1, Ordering::SeqCst);
@@ -1196,16 +570,16 @@ fn throttling_and_5xx_are_retried_while_the_cached_token_is_served() {
         } else {
             (200, assume_role_ok(n, SESSION))
         }
-    }));
+    });
     let dir = tempdir();
     let mut env = static_keys(None);
-    env.push(("AWS_ENDPOINT_URL_STS", sts.url.clone()));
+    env.push(("AWS_ENDPOINT_URL_STS", sts.url().to_owned()));
     env.push((
         "SSL_CERT_FILE",
         sts.ca_file(dir.path()).display().to_string(),
     ));
     let role = format!("arn:aws:iam::{ACCOUNT}:role/kueue");
-    let broker = AwsBroker::start(
+    let broker = aws_broker(
         &[aws_provider(
             "eks",
             &format!("region: us-west-2, roleArn: {}", yaml_str(&role)),
@@ -1257,9 +631,9 @@ fn throttling_and_5xx_are_retried_while_the_cached_token_is_served() {
     assert!(
         requests
             .iter()
-            .all(|r| form(&r.body).get("Action").map(String::as_str) == Some("AssumeRole"))
+            .all(|r| r.form().get("Action").map(String::as_str) == Some("AssumeRole"))
     );
-    assert_signed_with_static_key(&requests, &sts.url);
+    assert_signed_with_static_key(&requests, sts.url());
 }
 
 /// The access key a token was signed with.
@@ -1271,37 +645,11 @@ fn key_of(token: &str) -> String {
 
 /// One GetToken over gRPC for cluster `name` of provider `eks`: the token.
 fn grpc_token(socket: &Path, name: &str) -> Result<String, tonic::Status> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let mut client = TokenServiceClient::new(unix_channel(socket).await);
-        client
-            .get_token(GetTokenRequest {
-                provider: "eks".into(),
-                cluster: Some(cluster_with_name(name)),
-                interactive: false,
-            })
-            .await
-            .map(|r| r.into_inner().token)
-    })
+    get_token_blocking(socket, "eks", cluster_with_name(name)).map(|r| r.token)
 }
 
 fn cluster_with_name(name: &str) -> Cluster {
-    use prost_types::value::Kind;
-    let mut fields = BTreeMap::new();
-    fields.insert(
-        "clusterName".to_owned(),
-        prost_types::Value {
-            kind: Some(Kind::StringValue(name.to_owned())),
-        },
-    );
-    Cluster {
-        server: "https://10.0.0.1".into(),
-        config: Some(prost_types::Struct { fields }),
-        ..Cluster::default()
-    }
+    cluster("https://10.0.0.1", &json!({"clusterName": name}))
 }
 
 /// The whole IRSA flow at `RUST_LOG=trace` (the SDK's own trace output included): no token,
@@ -1322,7 +670,7 @@ fn irsa_flow_logs_no_secret(rust_log: &str) {
         .encode(br#"{"sub":"system:serviceaccount:kueue-system:trace","aud":"sts.amazonaws.com"}"#);
     let web_identity = format!("eyJhbGciOiJSUzI1NiJ9.{claims}.c2ln");
     std::fs::write(&token_file, &web_identity).expect("token");
-    let broker = AwsBroker::start(
+    let broker = aws_broker(
         &[aws_provider("eks", "")],
         &[
             ("RUST_LOG", rust_log.to_owned()),
