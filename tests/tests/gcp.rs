@@ -1,331 +1,77 @@
 //! `type: gcp` end to end: the real broker and shim against local fakes of Google's token
 //! endpoints (plain HTTP on 127.0.0.1, which the URLs in credential files allow). Every fake
 //! checks what it receives: RS256 signatures against the key's public key, JWT claims,
-//! scopes, subject tokens, bearer tokens, the `Metadata-Flavor` header.
+//! scopes, subject tokens, bearer tokens, the `Metadata-Flavor` header. The fakes live in
+//! the harness (`credbroker_tests::fakes::gce_metadata`).
 //!
 //! The broker runs with a controlled environment (no ambient Google credentials, `HOME` in a
 //! temp dir, `GCE_METADATA_HOST` on a fake or a dead port), so nothing here can reach Google.
 
-use std::collections::BTreeMap;
-use std::convert::Infallible;
-use std::net::{Ipv4Addr, SocketAddr};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use credbroker_proto::v1::token_service_client::TokenServiceClient;
-use credbroker_proto::v1::{Cluster, GetTokenRequest, GetTokenResponse};
-use credbroker_tests::{
-    BROKER, BROKER_TIMEOUT, COMMAND_TIMEOUT, V1, assert_credential, assert_shim_error, bin,
-    describe, exec_info, parse_form, run, run_shim, tempdir, unix_channel, wait_until, yaml_str,
+use credbroker_proto::v1::{Cluster, GetTokenResponse};
+use credbroker_tests::fakes::dead_port;
+use credbroker_tests::fakes::gce_metadata::{
+    AUDIENCE, CLOUD_PLATFORM, DEFAULT_SCOPE_STRING, IAM_SCOPE, JWT_TYPE, METADATA_TOKEN_PATH,
+    SA_EMAIL, TestKey, USERINFO_EMAIL, google, metadata_server, oauth_error, sts, token_body,
+    token_endpoint,
 };
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper_util::rt::TokioIo;
-use serde_json::{Value, json};
-use tempfile::TempDir;
-
-const CLOUD_PLATFORM: &str = "https://www.googleapis.com/auth/cloud-platform";
-const USERINFO_EMAIL: &str = "https://www.googleapis.com/auth/userinfo.email";
-const IAM_SCOPE: &str = "https://www.googleapis.com/auth/iam";
-const SA_EMAIL: &str = "kueue@test-project.iam.gserviceaccount.com";
-const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
-const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
-
-// ---------------------------------------------------------------------------------------
-// A fake HTTP endpoint
-// ---------------------------------------------------------------------------------------
-
-/// One request a fake received.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    path: String,
-    query: BTreeMap<String, String>,
-    /// Header names lower-cased.
-    headers: BTreeMap<String, String>,
-    body: String,
-}
-
-impl Seen {
-    fn form(&self) -> BTreeMap<String, String> {
-        parse_form(&self.body)
-    }
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or(Value::Null)
-    }
-    fn bearer(&self) -> Option<&str> {
-        self.headers.get("authorization")?.strip_prefix("Bearer ")
-    }
-}
-
-type Handler = Arc<dyn Fn(&Seen) -> (u16, Value) + Send + Sync>;
-
-/// Plain HTTP/1.1 on 127.0.0.1; answers each request with `handler` and records it.
-struct Fake {
-    addr: SocketAddr,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Fake {
-    fn start(handler: impl Fn(&Seen) -> (u16, Value) + Send + Sync + 'static) -> Fake {
-        let handler: Handler = Arc::new(handler);
-        let listener = std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-            .expect("bind 127.0.0.1:0");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let addr = listener.local_addr().expect("addr");
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
-        let thread_seen = Arc::clone(&seen);
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                loop {
-                    let stream = tokio::select! {
-                        _ = &mut rx => return,
-                        accepted = listener.accept() => match accepted {
-                            Ok((s, _)) => s,
-                            Err(_) => continue,
-                        },
-                    };
-                    let handler = Arc::clone(&handler);
-                    let seen = Arc::clone(&thread_seen);
-                    tokio::spawn(async move {
-                        let service = hyper::service::service_fn(move |req| {
-                            let handler = Arc::clone(&handler);
-                            let seen = Arc::clone(&seen);
-                            async move { Ok::<_, Infallible>(answer(req, &handler, &seen).await) }
-                        });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
-            });
-        });
-        Fake {
-            addr,
-            seen,
-            shutdown: Some(tx),
-            thread: Some(thread),
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-    fn host(&self) -> String {
-        self.addr.to_string()
-    }
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().expect("lock").clone()
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-async fn answer(
-    req: hyper::Request<Incoming>,
-    handler: &Handler,
-    seen: &Mutex<Vec<Seen>>,
-) -> hyper::Response<Full<Bytes>> {
-    let (parts, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
-        .unwrap_or_default();
-    let request = Seen {
-        method: parts.method.to_string(),
-        path: parts.uri.path().to_owned(),
-        query: parse_form(parts.uri.query().unwrap_or("")),
-        headers: parts
-            .headers
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.as_str().to_ascii_lowercase(),
-                    v.to_str().unwrap_or("").to_owned(),
-                )
-            })
-            .collect(),
-        body,
-    };
-    // The handler may block (it runs openssl): keep it off the runtime's async threads.
-    let h = Arc::clone(handler);
-    let r = request.clone();
-    let (status, body) = tokio::task::spawn_blocking(move || h(&r))
-        .await
-        .unwrap_or((500, json!({"error": "handler panicked"})));
-    seen.lock().expect("lock").push(request);
-    hyper::Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .header("metadata-flavor", "Google")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .expect("response")
-}
-
-fn oauth_error(status: u16, error: &str, description: &str) -> (u16, Value) {
-    (
-        status,
-        json!({"error": error, "error_description": description}),
-    )
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_secs()
-}
-
-/// A 127.0.0.1 port nothing listens on (connections are refused at once).
-fn dead_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
+use credbroker_tests::{
+    Broker, V1, assert_credential, assert_shim_error, exec_info, provider, run_shim, tempdir,
+    wait_until, yaml_str,
+};
+use serde_json::json;
 
 // ---------------------------------------------------------------------------------------
 // A broker with a controlled environment
 // ---------------------------------------------------------------------------------------
 
-/// `credbroker serve` with one gcp provider `gke`, no ambient Google credentials, `HOME` in
-/// its temp dir and `GCE_METADATA_HOST` set (a dead port unless `env` says otherwise).
-/// Killed on drop.
-struct GcpBroker {
-    dir: TempDir,
-    socket: PathBuf,
-    log: PathBuf,
-    child: Child,
-}
+/// Variables the broker must not inherit: ambient Google credentials and proxies.
+const SCRUBBED: &[&str] = &[
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "CLOUDSDK_CONFIG",
+    "GOOGLE_CLOUD_QUOTA_PROJECT",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
 
-impl GcpBroker {
-    fn start(gcp_section: &str, env: &[(&str, String)]) -> GcpBroker {
-        let dir = tempdir();
-        let socket = dir.path().join("broker.sock");
-        let home = dir.path().join("home");
-        std::fs::create_dir(&home).expect("home dir");
-        let config = format!(
-            "socket: {{path: {}}}\nproviders:\n  - name: gke\n    type: gcp\n    gcp: {gcp_section}\n",
-            yaml_str(socket.to_str().expect("UTF-8"))
-        );
-        let config_path = dir.path().join("config.yaml");
-        std::fs::write(&config_path, config).expect("write config");
-        let log = dir.path().join("broker.log");
-        let log_file = std::fs::File::create(&log).expect("log");
-        let mut cmd = Command::new(bin(BROKER));
-        cmd.arg("serve").arg("--config").arg(&config_path);
-        for var in [
-            "GOOGLE_APPLICATION_CREDENTIALS",
-            "CLOUDSDK_CONFIG",
-            "GOOGLE_CLOUD_QUOTA_PROJECT",
-            "HTTPS_PROXY",
-            "https_proxy",
-            "HTTP_PROXY",
-            "http_proxy",
-            "ALL_PROXY",
-            "all_proxy",
-        ] {
-            cmd.env_remove(var);
-        }
-        cmd.env("HOME", &home)
-            .env("NO_PROXY", "127.0.0.1,localhost")
-            .env("GCE_METADATA_HOST", format!("127.0.0.1:{}", dead_port()));
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("dup"))
-            .stderr(log_file)
-            .spawn()
-            .expect("spawn credbroker");
-        let mut broker = GcpBroker {
-            dir,
-            socket,
-            log,
-            child,
-        };
-        let ready = wait_until(BROKER_TIMEOUT, || {
-            UnixStream::connect(&broker.socket).is_ok()
-                || !matches!(broker.child.try_wait(), Ok(None))
-        });
-        assert!(
-            ready && matches!(broker.child.try_wait(), Ok(None)),
-            "broker did not start; log:\n{}",
-            broker.logs()
-        );
-        broker
+/// `credbroker serve` with one gcp provider `gke` (`gcp_section` is its `gcp:` flow
+/// mapping), none of [`SCRUBBED`], `HOME` in its temp dir, `NO_PROXY` for loopback and
+/// `GCE_METADATA_HOST` on a dead port, then `env`.
+fn gcp_broker(gcp_section: &str, env: &[(&str, String)]) -> Broker {
+    let mut builder = Broker::builder().provider(provider("gke", "gcp", gcp_section, &[]));
+    for var in SCRUBBED {
+        builder = builder.env_remove(var);
     }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-}
-
-impl Drop for GcpBroker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+    builder
+        .home()
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("GCE_METADATA_HOST", format!("127.0.0.1:{}", dead_port()))
+        .envs(env)
+        .start()
 }
 
 fn cluster(name: &str) -> Cluster {
-    use prost_types::value::Kind;
-    Cluster {
-        server: format!("https://{name}.gke.example"),
-        config: Some(prost_types::Struct {
-            fields: [(
-                "clusterName".to_owned(),
-                prost_types::Value {
-                    kind: Some(Kind::StringValue(name.to_owned())),
-                },
-            )]
-            .into_iter()
-            .collect(),
-        }),
-        ..Cluster::default()
-    }
+    credbroker_tests::cluster(
+        &format!("https://{name}.gke.example"),
+        &json!({"clusterName": name}),
+    )
 }
 
 async fn get_token(socket: &Path, name: &str) -> Result<GetTokenResponse, tonic::Status> {
-    let mut client = TokenServiceClient::new(unix_channel(socket).await);
-    client
-        .get_token(GetTokenRequest {
-            provider: "gke".to_owned(),
-            cluster: Some(cluster(name)),
-            interactive: false,
-        })
-        .await
-        .map(tonic::Response::into_inner)
+    credbroker_tests::get_token(socket, "gke", cluster(name)).await
+}
+
+fn unix_now() -> u64 {
+    credbroker_tests::fakes::unix_now()
 }
 
 fn shim_info(cluster: &str) -> String {
@@ -335,163 +81,6 @@ fn shim_info(cluster: &str) -> String {
         json!({"clusterName": cluster}),
     )
 }
-
-// ---------------------------------------------------------------------------------------
-// Service-account keys: a throwaway RSA key made with openssl at test time
-// ---------------------------------------------------------------------------------------
-
-fn openssl(args: &[&str]) {
-    let openssl = credbroker_tests::require_tool("openssl", "apt-get install openssl");
-    let out = run(Command::new(openssl).args(args), COMMAND_TIMEOUT);
-    assert!(out.status.success(), "openssl {args:?}: {}", describe(&out));
-}
-
-/// A fresh RSA key in `dir` (key.pem, pub.pem). Test-only: never used outside this process.
-struct TestKey {
-    dir: TempDir,
-}
-
-impl TestKey {
-    fn generate() -> TestKey {
-        let dir = tempdir();
-        let key = dir.path().join("key.pem");
-        let public = dir.path().join("pub.pem");
-        openssl(&[
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-            key.to_str().expect("UTF-8"),
-        ]);
-        openssl(&[
-            "pkey",
-            "-in",
-            key.to_str().expect("UTF-8"),
-            "-pubout",
-            "-out",
-            public.to_str().expect("UTF-8"),
-        ]);
-        TestKey { dir }
-    }
-
-    fn private_pem(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("key.pem")).expect("key.pem")
-    }
-
-    fn public_pem(&self) -> PathBuf {
-        self.dir.path().join("pub.pem")
-    }
-
-    /// A service_account key file for it, exchanged at `token_uri`.
-    fn key_file(&self, path: &Path, token_uri: &str) {
-        let json = json!({
-            "type": "service_account",
-            "project_id": "test-project",
-            "private_key_id": "test-key-1",
-            "private_key": self.private_pem(),
-            "client_email": SA_EMAIL,
-            "client_id": "1234567890",
-            "auth_uri": "https://accounts.google.com/o/oauth2/auth",
-            "token_uri": token_uri,
-        });
-        std::fs::write(path, json.to_string()).expect("write key file");
-    }
-}
-
-/// Verifies an RS256 JWT with `public_pem` (openssl) and returns its claims; `Err` says why not.
-fn verify_rs256(jwt: &str, public_pem: &Path) -> Result<Value, String> {
-    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let parts: Vec<&str> = jwt.split('.').collect();
-    let [header, claims, signature] = parts[..] else {
-        return Err(format!("not a JWT ({} parts)", parts.len()));
-    };
-    let header: Value = serde_json::from_slice(&b64.decode(header).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
-    if header["alg"] != "RS256" || header["kid"] != "test-key-1" {
-        return Err(format!("unexpected header {header}"));
-    }
-    let dir = tempdir();
-    let data = dir.path().join("data");
-    let sig = dir.path().join("sig");
-    std::fs::write(&data, format!("{}.{}", parts[0], parts[1])).map_err(|e| e.to_string())?;
-    std::fs::write(&sig, b64.decode(signature).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
-    let out = run(
-        Command::new("openssl")
-            .args(["dgst", "-sha256", "-verify"])
-            .arg(public_pem)
-            .arg("-signature")
-            .arg(&sig)
-            .arg(&data),
-        COMMAND_TIMEOUT,
-    );
-    if !out.status.success() {
-        return Err("signature does not verify with the key's public key".into());
-    }
-    serde_json::from_slice(&b64.decode(claims).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())
-}
-
-/// A fake OAuth2 token endpoint for the JWT-bearer grant: verifies the assertion with
-/// `public_pem` and its claims (`iss`, `aud` = its own URL, `scope`, `iat`/`exp`), then
-/// answers `next()` (a status and a body) or an RFC 6749 error.
-fn token_endpoint(
-    public_pem: PathBuf,
-    want_scope: &'static str,
-    next: impl Fn() -> (u16, Value) + Send + Sync + 'static,
-) -> Fake {
-    let own_url: Arc<Mutex<String>> = Arc::new(Mutex::new(String::new()));
-    let url_for_handler = Arc::clone(&own_url);
-    let fake = Fake::start(move |req| {
-        if req.method != "POST" || req.path != "/token" {
-            return oauth_error(404, "not_found", "POST /token only");
-        }
-        let form = req.form();
-        if form.get("grant_type").map(String::as_str) != Some(JWT_BEARER) {
-            return oauth_error(400, "unsupported_grant_type", "want the jwt-bearer grant");
-        }
-        let Some(assertion) = form.get("assertion") else {
-            return oauth_error(400, "invalid_request", "no assertion");
-        };
-        let claims = match verify_rs256(assertion, &public_pem) {
-            Ok(c) => c,
-            Err(why) => return oauth_error(400, "invalid_grant", &why),
-        };
-        let aud = format!("{}/token", url_for_handler.lock().expect("lock"));
-        let now = unix_now();
-        let iat = claims["iat"].as_u64().unwrap_or(0);
-        let exp = claims["exp"].as_u64().unwrap_or(0);
-        let problem = if claims["iss"] != SA_EMAIL {
-            Some(format!("iss {}", claims["iss"]))
-        } else if claims["aud"] != aud.as_str() {
-            Some(format!("aud {} is not {aud}", claims["aud"]))
-        } else if claims["scope"] != want_scope {
-            Some(format!("scope {}", claims["scope"]))
-        } else if iat.abs_diff(now) > 60 || exp != iat + 3600 {
-            Some(format!("iat {iat} / exp {exp} (now {now})"))
-        } else {
-            None
-        };
-        match problem {
-            Some(why) => oauth_error(400, "invalid_grant", &why),
-            None => next(),
-        }
-    });
-    *own_url.lock().expect("lock") = fake.url();
-    fake
-}
-
-fn token_body(token: &str, expires_in: u64) -> (u16, Value) {
-    (
-        200,
-        json!({"access_token": token, "expires_in": expires_in, "token_type": "Bearer"}),
-    )
-}
-
-const DEFAULT_SCOPE_STRING: &str =
-    "https://www.googleapis.com/auth/cloud-platform https://www.googleapis.com/auth/userinfo.email";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_account_key_fifty_calls_five_clusters_one_exchange() {
@@ -504,7 +93,7 @@ async fn service_account_key_fifty_calls_five_clusters_one_exchange() {
     let dir = tempdir();
     let key_path = dir.path().join("key.json");
     key.key_file(&key_path, &format!("{}/token", fake.url()));
-    let broker = GcpBroker::start(
+    let broker = gcp_broker(
         &format!(
             "{{credentialsFile: {}}}",
             yaml_str(key_path.to_str().expect("UTF-8"))
@@ -514,7 +103,7 @@ async fn service_account_key_fifty_calls_five_clusters_one_exchange() {
 
     let calls: Vec<_> = (0..50)
         .map(|i| {
-            let socket = broker.socket.clone();
+            let socket = broker.socket().to_path_buf();
             tokio::spawn(async move { get_token(&socket, &format!("cluster-{}", i % 5)).await })
         })
         .collect();
@@ -533,7 +122,7 @@ async fn service_account_key_fifty_calls_five_clusters_one_exchange() {
     // The shim path: a sixth cluster gets the same token from the cache, with an expiry
     // about half the token's lifetime away (the cache's refresh point).
     let out = run_shim(
-        &broker.socket,
+        broker.socket(),
         &["--provider", "gke"],
         Some(&shim_info("cluster-6")),
     );
@@ -562,7 +151,7 @@ fn invalid_grant_and_403_are_permission_denied() {
     let dir = tempdir();
     let key_path = dir.path().join("key.json");
     key.key_file(&key_path, &format!("{}/token", fake.url()));
-    let broker = GcpBroker::start(
+    let broker = gcp_broker(
         &format!(
             "{{credentialsFile: {}}}",
             yaml_str(key_path.to_str().expect("UTF-8"))
@@ -570,7 +159,7 @@ fn invalid_grant_and_403_are_permission_denied() {
         &[],
     );
     let out = run_shim(
-        &broker.socket,
+        broker.socket(),
         &["--provider", "gke"],
         Some(&shim_info("a")),
     );
@@ -586,7 +175,7 @@ fn invalid_grant_and_403_are_permission_denied() {
         oauth_error(403, "access_denied", "service account disabled")
     });
     key.key_file(&key_path, &format!("{}/token", fake.url()));
-    let broker = GcpBroker::start(
+    let broker = gcp_broker(
         &format!(
             "{{credentialsFile: {}}}",
             yaml_str(key_path.to_str().expect("UTF-8"))
@@ -594,7 +183,7 @@ fn invalid_grant_and_403_are_permission_denied() {
         &[],
     );
     let out = run_shim(
-        &broker.socket,
+        broker.socket(),
         &["--provider", "gke"],
         Some(&shim_info("a")),
     );
@@ -605,7 +194,7 @@ fn invalid_grant_and_403_are_permission_denied() {
 fn key_file_problems_name_the_file_and_field() {
     let dir = tempdir();
     let missing = dir.path().join("missing.json");
-    let broker = GcpBroker::start(
+    let broker = gcp_broker(
         "{}",
         &[(
             "GOOGLE_APPLICATION_CREDENTIALS",
@@ -613,7 +202,7 @@ fn key_file_problems_name_the_file_and_field() {
         )],
     );
     let out = run_shim(
-        &broker.socket,
+        broker.socket(),
         &["--provider", "gke"],
         Some(&shim_info("a")),
     );
@@ -626,13 +215,13 @@ fn key_file_problems_name_the_file_and_field() {
         ],
     );
 
-    let bad = broker.path("bad.json");
+    let bad = broker.dir().join("bad.json");
     std::fs::write(
         &bad,
         json!({"type": "service_account", "client_email": SA_EMAIL, "private_key": "-----BEGIN PRIVATE KEY-----\nnot base64!\n-----END PRIVATE KEY-----\n"}).to_string(),
     )
     .expect("write");
-    let broker2 = GcpBroker::start(
+    let broker2 = gcp_broker(
         &format!(
             "{{credentialsFile: {}}}",
             yaml_str(bad.to_str().expect("UTF-8"))
@@ -640,15 +229,15 @@ fn key_file_problems_name_the_file_and_field() {
         &[],
     );
     let out = run_shim(
-        &broker2.socket,
+        broker2.socket(),
         &["--provider", "gke"],
         Some(&shim_info("a")),
     );
     assert_shim_error(&out, &[&bad.display().to_string(), "field `private_key`"]);
 
-    let unreadable = broker.path("truncated.json");
+    let unreadable = broker.dir().join("truncated.json");
     std::fs::write(&unreadable, "{\"type\": \"service_acc").expect("write");
-    let broker3 = GcpBroker::start(
+    let broker3 = gcp_broker(
         &format!(
             "{{credentialsFile: {}}}",
             yaml_str(unreadable.to_str().expect("UTF-8"))
@@ -656,7 +245,7 @@ fn key_file_problems_name_the_file_and_field() {
         &[],
     );
     let out = run_shim(
-        &broker3.socket,
+        broker3.socket(),
         &["--provider", "gke"],
         Some(&shim_info("a")),
     );
@@ -672,9 +261,9 @@ fn key_file_problems_name_the_file_and_field() {
 
 #[test]
 fn no_credentials_anywhere_lists_what_was_tried() {
-    let broker = GcpBroker::start("{}", &[]);
+    let broker = gcp_broker("{}", &[]);
     let out = run_shim(
-        &broker.socket,
+        broker.socket(),
         &["--provider", "gke"],
         Some(&shim_info("a")),
     );
@@ -690,32 +279,6 @@ fn no_credentials_anywhere_lists_what_was_tried() {
     );
 }
 
-// ---------------------------------------------------------------------------------------
-// The metadata server (GKE Workload Identity) via GCE_METADATA_HOST
-// ---------------------------------------------------------------------------------------
-
-const METADATA_TOKEN_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
-
-/// A fake metadata server: 403 without `Metadata-Flavor: Google` (like the real one), the
-/// default service account's token with `scopes` checked, 404 elsewhere.
-fn metadata_server(want_scopes: &'static str, token: &'static str, expires_in: u64) -> Fake {
-    Fake::start(move |req| {
-        if req.headers.get("metadata-flavor").map(String::as_str) != Some("Google") {
-            return (403, json!({"error": "missing Metadata-Flavor: Google"}));
-        }
-        if req.method != "GET" || req.path != METADATA_TOKEN_PATH {
-            return (404, json!({"error": "not found"}));
-        }
-        if req.query.get("scopes").map(String::as_str) != Some(want_scopes) {
-            return (
-                400,
-                json!({"error": format!("scopes {:?}", req.query.get("scopes"))}),
-            );
-        }
-        token_body(token, expires_in)
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_server_via_gce_metadata_host() {
     let mds = metadata_server(
@@ -726,7 +289,7 @@ async fn metadata_server_via_gce_metadata_host() {
     // The fake really refuses requests without the header (so the broker's pass means it sent it).
     let status_line = {
         use std::io::{Read as _, Write as _};
-        let mut stream = std::net::TcpStream::connect(mds.addr).expect("connect");
+        let mut stream = std::net::TcpStream::connect(mds.addr()).expect("connect");
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .expect("timeout");
@@ -741,9 +304,9 @@ async fn metadata_server_via_gce_metadata_host() {
     };
     assert!(status_line.contains(" 403 "), "{status_line:?}");
 
-    let broker = GcpBroker::start("{}", &[("GCE_METADATA_HOST", mds.host())]);
+    let broker = gcp_broker("{}", &[("GCE_METADATA_HOST", mds.addr().to_string())]);
     for name in ["east", "west", "north"] {
-        let response = get_token(&broker.socket, name)
+        let response = get_token(broker.socket(), name)
             .await
             .unwrap_or_else(|s| panic!("GetToken: {s:?}; log:\n{}", broker.logs()));
         assert_eq!(response.token, "ya29.metadata-token");
@@ -773,7 +336,7 @@ async fn impersonation_with_delegates_on_the_metadata_identity() {
     let expire_text = expire
         .format(&time::format_description::well_known::Rfc3339)
         .expect("format");
-    let iam = Fake::start(move |req| {
+    let iam = google(move |req| {
         let want_path = format!("/v1/projects/-/serviceAccounts/{target}:generateAccessToken");
         if req.method != "POST" || req.path != want_path {
             return (
@@ -804,14 +367,14 @@ async fn impersonation_with_delegates_on_the_metadata_identity() {
             json!({"accessToken": "ya29.impersonated", "expireTime": expire_text}),
         )
     });
-    let broker = GcpBroker::start(
+    let broker = gcp_broker(
         &format!(
             "{{impersonateServiceAccount: {target}, delegates: [{delegate}], iamCredentialsEndpoint: {}}}",
             yaml_str(iam.url())
         ),
-        &[("GCE_METADATA_HOST", mds.host())],
+        &[("GCE_METADATA_HOST", mds.addr().to_string())],
     );
-    let response = get_token(&broker.socket, "a")
+    let response = get_token(broker.socket(), "a")
         .await
         .unwrap_or_else(|s| panic!("GetToken: {s:?}; log:\n{}", broker.logs()));
     assert_eq!(response.token, "ya29.impersonated");
@@ -821,74 +384,26 @@ async fn impersonation_with_delegates_on_the_metadata_identity() {
     assert_eq!(iam.seen().len(), 1);
 
     // Refused impersonation is PERMISSION_DENIED.
-    let refusing = Fake::start(|_| {
+    let refusing = google(|_| {
         (
             403,
             json!({"error": {"status": "PERMISSION_DENIED", "message": "iam.serviceAccounts.getAccessToken denied"}}),
         )
     });
-    let broker = GcpBroker::start(
+    let broker = gcp_broker(
         &format!(
             "{{impersonateServiceAccount: {target}, iamCredentialsEndpoint: {}}}",
             yaml_str(refusing.url())
         ),
-        &[("GCE_METADATA_HOST", mds.host())],
+        &[("GCE_METADATA_HOST", mds.addr().to_string())],
     );
-    let status = get_token(&broker.socket, "a").await.expect_err("denied");
+    let status = get_token(broker.socket(), "a").await.expect_err("denied");
     assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
     assert!(
         status.message().contains("getAccessToken denied"),
         "{status:?}"
     );
     assert!(status.message().contains(target), "{status:?}");
-}
-
-// ---------------------------------------------------------------------------------------
-// Workload identity federation: external_account, file-sourced (the cross-cloud recipe)
-// ---------------------------------------------------------------------------------------
-
-const AUDIENCE: &str = "//iam.googleapis.com/projects/123456/locations/global/workloadIdentityPools/kueue-pool/providers/eks-cluster";
-const JWT_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
-const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
-
-/// A fake STS: checks the RFC 8693 exchange (grant, audience, subject token and its type,
-/// requested scope) and answers a federated token.
-fn sts(subject_token: String, want_scope: &'static str, federated: &'static str) -> Fake {
-    Fake::start(move |req| {
-        let form = req.form();
-        let field = |k: &str| form.get(k).map(String::as_str).unwrap_or("");
-        let problem = if req.method != "POST" || req.path != "/v1/token" {
-            Some(format!("{} {}", req.method, req.path))
-        } else if field("grant_type") != TOKEN_EXCHANGE {
-            Some(format!("grant_type {}", field("grant_type")))
-        } else if field("audience") != AUDIENCE {
-            Some(format!("audience {}", field("audience")))
-        } else if field("subject_token_type") != JWT_TYPE {
-            Some(format!(
-                "subject_token_type {}",
-                field("subject_token_type")
-            ))
-        } else if field("requested_token_type") != ACCESS_TOKEN_TYPE {
-            Some(format!(
-                "requested_token_type {}",
-                field("requested_token_type")
-            ))
-        } else if field("subject_token") != subject_token {
-            Some("subject_token is not the projected service account token".into())
-        } else if field("scope") != want_scope {
-            Some(format!("scope {}", field("scope")))
-        } else {
-            None
-        };
-        match problem {
-            Some(why) => oauth_error(400, "invalid_grant", &why),
-            None => (
-                200,
-                json!({"access_token": federated, "issued_token_type": ACCESS_TOKEN_TYPE,
-                       "token_type": "Bearer", "expires_in": 3600}),
-            ),
-        }
-    })
 }
 
 /// What the EKS/AKS/on-prem recipe mounts: a projected service account token (a JWT).
@@ -923,7 +438,7 @@ async fn external_account_file_sourced_with_impersonation() {
         .expect("format");
     let generate_calls = Arc::new(AtomicUsize::new(0));
     let calls = Arc::clone(&generate_calls);
-    let iam = Fake::start(move |req| {
+    let iam = google(move |req| {
         calls.fetch_add(1, Ordering::SeqCst);
         if req.path != format!("/v1/projects/-/serviceAccounts/{target}:generateAccessToken") {
             return (404, json!({"error": {"message": req.path}}));
@@ -959,7 +474,7 @@ async fn external_account_file_sourced_with_impersonation() {
         .to_string(),
     )
     .expect("write credential configuration");
-    let broker = GcpBroker::start(
+    let broker = gcp_broker(
         "{}",
         &[(
             "GOOGLE_APPLICATION_CREDENTIALS",
@@ -967,7 +482,7 @@ async fn external_account_file_sourced_with_impersonation() {
         )],
     );
     for name in ["a", "b", "c"] {
-        let response = get_token(&broker.socket, name)
+        let response = get_token(broker.socket(), name)
             .await
             .unwrap_or_else(|s| panic!("GetToken: {s:?}; log:\n{}", broker.logs()));
         assert_eq!(response.token, "ya29.federated-impersonated");
@@ -976,7 +491,7 @@ async fn external_account_file_sourced_with_impersonation() {
     assert_eq!(generate_calls.load(Ordering::SeqCst), 1);
     // The shim sees the same token.
     let out = run_shim(
-        &broker.socket,
+        broker.socket(),
         &["--provider", "gke"],
         Some(&shim_info("d")),
     );
@@ -1012,14 +527,14 @@ async fn external_account_direct_federation_and_a_rejected_subject_token() {
         .expect("write");
     };
     write(&token_file);
-    let broker = GcpBroker::start(
+    let broker = gcp_broker(
         &format!(
             "{{credentialsFile: {}, scopes: [{CLOUD_PLATFORM}]}}",
             yaml_str(credentials.to_str().expect("UTF-8"))
         ),
         &[],
     );
-    let response = get_token(&broker.socket, "a")
+    let response = get_token(broker.socket(), "a")
         .await
         .unwrap_or_else(|s| panic!("GetToken: {s:?}; log:\n{}", broker.logs()));
     assert_eq!(response.token, "ya29.federated-direct");
@@ -1031,14 +546,14 @@ async fn external_account_direct_federation_and_a_rejected_subject_token() {
     let wrong = dir.path().join("wrong-token");
     std::fs::write(&wrong, "eyJ.not-the-right.token").expect("write");
     write(&wrong);
-    let broker = GcpBroker::start(
+    let broker = gcp_broker(
         &format!(
             "{{credentialsFile: {}, scopes: [{CLOUD_PLATFORM}]}}",
             yaml_str(credentials.to_str().expect("UTF-8"))
         ),
         &[],
     );
-    let status = get_token(&broker.socket, "a").await.expect_err("refused");
+    let status = get_token(broker.socket(), "a").await.expect_err("refused");
     assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
     assert!(
         status
@@ -1074,7 +589,7 @@ async fn token_endpoint_fails_then_recovers() {
     let dir = tempdir();
     let key_path = dir.path().join("key.json");
     key.key_file(&key_path, &format!("{}/token", fake.url()));
-    let broker = GcpBroker::start(
+    let broker = gcp_broker(
         &format!(
             "{{credentialsFile: {}}}",
             yaml_str(key_path.to_str().expect("UTF-8"))
@@ -1082,19 +597,19 @@ async fn token_endpoint_fails_then_recovers() {
         &[],
     );
     let t0 = Instant::now();
-    let first = get_token(&broker.socket, "a").await.expect("first token");
+    let first = get_token(broker.socket(), "a").await.expect("first token");
     assert_eq!(first.token, "ya29.token-1");
 
     // With nothing cached (a second broker, same key), an outage is UNAVAILABLE.
     phase.store(1, Ordering::SeqCst);
-    let cold = GcpBroker::start(
+    let cold = gcp_broker(
         &format!(
             "{{credentialsFile: {}}}",
             yaml_str(key_path.to_str().expect("UTF-8"))
         ),
         &[],
     );
-    let status = get_token(&cold.socket, "a").await.expect_err("outage");
+    let status = get_token(cold.socket(), "a").await.expect_err("outage");
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     assert!(status.message().contains("503"), "{status:?}");
 
@@ -1102,7 +617,7 @@ async fn token_endpoint_fails_then_recovers() {
     // the background refresh fails.
     tokio::time::sleep(Duration::from_millis(12_500).saturating_sub(t0.elapsed())).await;
     let failures_before = fake.seen().len();
-    let stale = get_token(&broker.socket, "a")
+    let stale = get_token(broker.socket(), "a")
         .await
         .expect("stale token served");
     assert_eq!(stale.token, "ya29.token-1");
@@ -1111,7 +626,7 @@ async fn token_endpoint_fails_then_recovers() {
             > failures_before),
         "a refresh was attempted"
     );
-    let again = get_token(&broker.socket, "a").await.expect("still served");
+    let again = get_token(broker.socket(), "a").await.expect("still served");
     assert_eq!(again.token, "ya29.token-1");
 
     // Recovered: after the backoff (~1 s) the next request triggers a refresh.
@@ -1119,7 +634,7 @@ async fn token_endpoint_fails_then_recovers() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut latest = String::new();
     while Instant::now() < deadline {
-        latest = get_token(&broker.socket, "a").await.expect("token").token;
+        latest = get_token(broker.socket(), "a").await.expect("token").token;
         if latest == "ya29.token-2" {
             break;
         }
@@ -1140,7 +655,7 @@ fn trace_logs_hold_no_secret() {
     let dir = tempdir();
     let key_path = dir.path().join("key.json");
     key.key_file(&key_path, &format!("{}/token", fake.url()));
-    let broker = GcpBroker::start(
+    let broker = gcp_broker(
         &format!(
             "{{credentialsFile: {}}}",
             yaml_str(key_path.to_str().expect("UTF-8"))
@@ -1148,7 +663,7 @@ fn trace_logs_hold_no_secret() {
         &[("RUST_LOG", "trace".to_owned())],
     );
     let out = run_shim(
-        &broker.socket,
+        broker.socket(),
         &["--provider", "gke"],
         Some(&shim_info("trace-1")),
     );
@@ -1189,8 +704,8 @@ async fn a_token_with_control_characters_from_google_is_refused_like_any_provide
         "ya29.sekrit\r\nX-Injected: 1",
         1800,
     );
-    let broker = GcpBroker::start("{}", &[("GCE_METADATA_HOST", mds.host())]);
-    let status = get_token(&broker.socket, "east")
+    let broker = gcp_broker("{}", &[("GCE_METADATA_HOST", mds.addr().to_string())]);
+    let status = get_token(broker.socket(), "east")
         .await
         .expect_err("a token with CR/LF must not be served");
     assert!(
