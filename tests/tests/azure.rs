@@ -1,372 +1,33 @@
 //! End-to-end tests of the `azure` provider: the real broker and shim against a fake Entra ID
 //! token endpoint served over TLS with a test CA (trusted only through `SSL_CERT_FILE` given
-//! to the broker; `AZURE_AUTHORITY_HOST` points at it). The fake checks what it receives:
-//! the path `/<tenant>/oauth2/v2.0/token`, the grant type, the assertion type, the assertion
-//! (equal to the federated token file's content at that moment, or a verified RS256 JWT for
-//! a certificate), the client secret, the scope. It also serves the App Service managed
+//! to the broker; `AZURE_AUTHORITY_HOST` points at it). The fake
+//! (`credbroker_tests::fakes::entra`) checks what it receives: the path
+//! `/<tenant>/oauth2/v2.0/token`, the grant type, the assertion type, the assertion (equal to
+//! the federated token file's content at that moment, or a verified RS256 JWT for a
+//! certificate), the client secret, the scope. It also serves the App Service managed
 //! identity route (`IDENTITY_ENDPOINT`), checking its header and query.
 
-use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::net::UnixStream;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
-use base64::Engine as _;
-use credbroker_proto::v1::token_service_client::TokenServiceClient;
-use credbroker_proto::v1::{Cluster, GetTokenRequest};
-use credbroker_tests::{
-    BROKER, BROKER_TIMEOUT, V1, assert_credential, assert_shim_error, bin, exec_info, parse_form,
-    run_shim, serve_tls, tempdir, tls_config, unix_channel, yaml_str,
+use credbroker_tests::fakes::entra::{
+    AKS_SERVER_ID, CERT_PEM, CLIENT, Expect, FakeEntra, JWT_BEARER,
 };
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response};
+use credbroker_tests::{
+    Broker, V1, assert_credential, assert_shim_error, cluster, exec_info, get_token_blocking,
+    provider, run_shim, tempdir, yaml_str,
+};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-const AKS_SERVER_ID: &str = "6dae42f8-4368-4678-94ff-3960e28e3630";
 const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
 const OTHER_TENANT: &str = "fabrikam.onmicrosoft.com";
-const CLIENT: &str = "11111111-2222-3333-4444-555555555555";
-const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
 /// A realistic Entra error body: the description carries CR LF and trace ids.
 const AADSTS700213: &str = r#"{"error":"invalid_client","error_description":"AADSTS700213: No matching federated identity record found for presented assertion subject 'system:serviceaccount:kueue-system:other'. Please check your federated identity credential Subject, Audience and Issuer against the presented assertion.\r\nTrace ID: 7e1d Correlation ID: 9f2a Timestamp: 2025-06-01 10:00:00Z","error_codes":[700213],"timestamp":"2025-06-01 10:00:00Z","trace_id":"7e1d","correlation_id":"9f2a"}"#;
-const CERT_PEM: &str = include_str!("../fixtures/azure/client-cert.pem");
-const CERT_PUBLIC_DER: &[u8] = include_bytes!("../fixtures/azure/client-public.der");
-const CERT_SHA1_HEX: &str = include_str!("../fixtures/azure/client-cert.sha1");
-
-// ---------------------------------------------------------------------------------------
-// Fake Entra ID (and App Service managed identity endpoint) over TLS
-// ---------------------------------------------------------------------------------------
-
-/// One request the fake answered.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    path: String,
-    query: BTreeMap<String, String>,
-    headers: BTreeMap<String, String>,
-    form: BTreeMap<String, String>,
-}
-
-/// What the fake demands of token requests; a request that breaks a rule is answered with
-/// an error and the rule recorded in `violations`.
-#[derive(Debug, Clone, Default)]
-struct Expect {
-    client_id: Option<String>,
-    /// The assertion must equal this file's content at the time of the request.
-    assertion_file: Option<PathBuf>,
-    client_secret: Option<String>,
-    /// The assertion must be an RS256 JWT signed by the fixture certificate's key.
-    certificate: bool,
-    /// `X-IDENTITY-HEADER` the managed identity route demands.
-    identity_header: Option<String>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    seen: Vec<Seen>,
-    violations: Vec<String>,
-    /// Sticky failure: every token request gets this answer.
-    fail_with: Option<(u16, String)>,
-    expires_in: u64,
-    issued: u64,
-    expect: Expect,
-}
-
-struct FakeEntra {
-    url: String,
-    ca_file: PathBuf,
-    _dir: TempDir,
-    state: Arc<Mutex<State>>,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl FakeEntra {
-    fn start(expect: Expect, expires_in: u64) -> FakeEntra {
-        let dir = tempdir();
-        let (ca_pem, tls) = tls_config();
-        let ca_file = dir.path().join("test-ca.pem");
-        std::fs::write(&ca_file, ca_pem).expect("write CA");
-        let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let url = format!("https://{}", listener.local_addr().expect("addr"));
-        let state = Arc::new(Mutex::new(State {
-            expires_in,
-            expect,
-            ..State::default()
-        }));
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let thread_state = Arc::clone(&state);
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(serve_tls(listener, tls, rx, move |req| {
-                let state = Arc::clone(&thread_state);
-                async move { answer(&state, req).await }
-            }));
-        });
-        FakeEntra {
-            url,
-            ca_file,
-            _dir: dir,
-            state,
-            shutdown: Some(tx),
-            thread: Some(thread),
-        }
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.state.lock().expect("lock").seen.clone()
-    }
-
-    fn token_requests(&self) -> usize {
-        self.seen().iter().filter(|s| s.method == "POST").count()
-    }
-
-    fn fail_with(&self, answer: Option<(u16, &str)>) {
-        self.state.lock().expect("lock").fail_with = answer.map(|(s, b)| (s, b.to_owned()));
-    }
-
-    fn assert_no_violations(&self) {
-        let v = self.state.lock().expect("lock").violations.clone();
-        assert!(v.is_empty(), "the fake Entra ID saw bad requests: {v:#?}");
-    }
-
-    /// Waits (bounded) until at least `n` token requests arrived.
-    fn wait_for_token_requests(&self, n: usize, timeout: Duration) -> bool {
-        credbroker_tests::wait_until(timeout, || self.token_requests() >= n)
-    }
-}
-
-impl Drop for FakeEntra {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn reply(status: u16, body: String) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .expect("response")
-}
-
-async fn answer(state: &Mutex<State>, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    let method = req.method().to_string();
-    let path = req.uri().path().to_owned();
-    let query = parse_form(req.uri().query().unwrap_or(""));
-    let headers: BTreeMap<String, String> = req
-        .headers()
-        .iter()
-        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
-        .collect();
-    let body = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let body_form = parse_form(&String::from_utf8_lossy(&body));
-    let mut st = state.lock().expect("lock");
-    st.seen.push(Seen {
-        method: method.clone(),
-        path: path.clone(),
-        query: query.clone(),
-        headers: headers.clone(),
-        form: body_form.clone(),
-    });
-    let mut problems = Vec::new();
-    let mut check = |ok: bool, what: String| {
-        if !ok {
-            problems.push(what);
-        }
-    };
-    let expect = st.expect.clone();
-    if method == "GET" && path == "/msi/token" {
-        // App Service managed identity (IDENTITY_ENDPOINT) route.
-        check(
-            headers.get("x-identity-header") == expect.identity_header.as_ref(),
-            format!("x-identity-header {:?}", headers.get("x-identity-header")),
-        );
-        check(
-            query.get("api-version").map(String::as_str) == Some("2019-08-01"),
-            format!("api-version {:?}", query.get("api-version")),
-        );
-        check(
-            query.get("resource").map(String::as_str) == Some(AKS_SERVER_ID),
-            format!("resource {:?}", query.get("resource")),
-        );
-        check(
-            query.get("client_id") == expect.client_id.as_ref(),
-            format!("client_id {:?}", query.get("client_id")),
-        );
-        if !problems.is_empty() {
-            st.violations.extend(problems);
-            return reply(400, json!({"error": "invalid_request"}).to_string());
-        }
-        st.issued += 1;
-        let expires_on = unix_now() + st.expires_in;
-        return reply(
-            200,
-            json!({"access_token": format!("msi-token-{}", st.issued),
-                   "expires_on": expires_on.to_string(), "resource": AKS_SERVER_ID,
-                   "token_type": "Bearer"})
-            .to_string(),
-        );
-    }
-    // Entra ID token endpoint: POST /<tenant>/oauth2/v2.0/token.
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let tenant = match parts.as_slice() {
-        [tenant, "oauth2", "v2.0", "token"] if method == "POST" => (*tenant).to_owned(),
-        _ => {
-            st.violations.push(format!("unexpected {method} {path}"));
-            return reply(404, "{}".into());
-        }
-    };
-    let field = |k: &str| body_form.get(k).cloned().unwrap_or_default();
-    check(
-        headers
-            .get("content-type")
-            .is_some_and(|c| c.starts_with("application/x-www-form-urlencoded")),
-        format!("content-type {:?}", headers.get("content-type")),
-    );
-    check(
-        field("grant_type") == "client_credentials",
-        format!("grant_type {:?}", field("grant_type")),
-    );
-    let scope = field("scope");
-    check(
-        scope.ends_with("/.default") && !scope.contains(' '),
-        format!("scope {scope:?}"),
-    );
-    if let Some(id) = &expect.client_id {
-        check(
-            field("client_id") == *id,
-            format!("client_id {:?}", field("client_id")),
-        );
-    }
-    if let Some(file) = &expect.assertion_file {
-        let current = std::fs::read_to_string(file).unwrap_or_default();
-        check(
-            field("client_assertion_type") == JWT_BEARER,
-            format!("client_assertion_type {:?}", field("client_assertion_type")),
-        );
-        check(
-            field("client_assertion") == current,
-            format!(
-                "client_assertion {:?} is not the federated token file's content {current:?}",
-                field("client_assertion")
-            ),
-        );
-    }
-    if let Some(secret) = &expect.client_secret {
-        check(
-            field("client_secret") == *secret,
-            "client_secret differs".into(),
-        );
-        check(
-            !body_form.contains_key("client_assertion"),
-            "an assertion with a secret".into(),
-        );
-    }
-    if expect.certificate {
-        check(
-            field("client_assertion_type") == JWT_BEARER,
-            format!("client_assertion_type {:?}", field("client_assertion_type")),
-        );
-        if let Err(why) = check_certificate_assertion(
-            &field("client_assertion"),
-            &format!(
-                "{}{path}",
-                headers
-                    .get("host")
-                    .map_or(String::new(), |h| format!("https://{h}"))
-            ),
-        ) {
-            check(false, why);
-        }
-    }
-    if !problems.is_empty() {
-        st.violations.extend(problems.clone());
-        return reply(
-            400,
-            json!({"error": "invalid_request", "error_description": format!("fake Entra ID: {}", problems.join("; ")), "error_codes": [90014]}).to_string(),
-        );
-    }
-    if let Some((status, body)) = st.fail_with.clone() {
-        return reply(status, body);
-    }
-    st.issued += 1;
-    let server = scope.trim_end_matches("/.default");
-    let short = &server[..server.len().min(8)];
-    reply(
-        200,
-        json!({"token_type": "Bearer", "expires_in": st.expires_in, "ext_expires_in": st.expires_in,
-               "access_token": format!("entra-{tenant}-{short}-{}", st.issued)})
-        .to_string(),
-    )
-}
-
-/// Checks an RS256 client assertion signed by the fixture certificate's key, for `audience`.
-fn check_certificate_assertion(jwt: &str, audience: &str) -> Result<(), String> {
-    let parts: Vec<&str> = jwt.split('.').collect();
-    let [h, c, s] = parts.as_slice() else {
-        return Err(format!("assertion is not a JWT: {} parts", parts.len()));
-    };
-    let b64url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let decode = |p: &str| b64url.decode(p).map_err(|e| format!("base64url: {e}"));
-    let header: Value = serde_json::from_slice(&decode(h)?).map_err(|e| e.to_string())?;
-    let claims: Value = serde_json::from_slice(&decode(c)?).map_err(|e| e.to_string())?;
-    let sha1: Vec<u8> = (0..CERT_SHA1_HEX.trim().len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&CERT_SHA1_HEX.trim()[i..i + 2], 16).unwrap_or(0))
-        .collect();
-    if header["alg"] != "RS256" || header["x5t"] != b64url.encode(sha1) {
-        return Err(format!("assertion header {header}"));
-    }
-    let now = unix_now();
-    let exp = claims["exp"].as_u64().unwrap_or(0);
-    if claims["aud"] != audience
-        || claims["iss"] != CLIENT
-        || claims["sub"] != CLIENT
-        || exp <= now
-        || claims["jti"].as_str().is_none_or(str::is_empty)
-    {
-        return Err(format!("assertion claims {claims} (audience {audience})"));
-    }
-    let algs = rustls::crypto::ring::default_provider().signature_verification_algorithms;
-    let rs256 = algs
-        .mapping
-        .iter()
-        .find(|(scheme, _)| *scheme == rustls::SignatureScheme::RSA_PKCS1_SHA256)
-        .map(|(_, a)| a[0])
-        .ok_or("no RS256 verifier")?;
-    rs256
-        .verify_signature(CERT_PUBLIC_DER, format!("{h}.{c}").as_bytes(), &decode(s)?)
-        .map_err(|_| "assertion signature does not verify with the certificate's key".to_owned())
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs()
-}
 
 // ---------------------------------------------------------------------------------------
 // A broker with its own environment
@@ -399,76 +60,42 @@ const SCRUBBED: &[&str] = &[
     "no_proxy",
 ];
 
-/// `credbroker serve` with an `azure` provider named `aks` and the given environment;
-/// killed on drop.
-struct AzureBroker {
-    dir: TempDir,
-    socket: PathBuf,
-    child: Child,
+/// `credbroker serve` with an `azure` provider named `aks` (`azure_section` is its `azure:`
+/// flow mapping), none of [`SCRUBBED`], `RUST_LOG=info`, then `env`.
+fn azure_broker(azure_section: &str, env: &[(&str, String)]) -> Broker {
+    azure_broker_allowing(azure_section, "{}", env)
 }
 
-impl AzureBroker {
-    fn start(azure_section: &str, env: &[(&str, String)]) -> AzureBroker {
-        Self::start_allowing(azure_section, "{}", env)
+/// Like [`azure_broker`], with the provider's `allowOverrides` (a flow mapping).
+fn azure_broker_allowing(
+    azure_section: &str,
+    allow_overrides: &str,
+    env: &[(&str, String)],
+) -> Broker {
+    let allow = format!("allowOverrides: {allow_overrides}");
+    let mut builder = Broker::builder()
+        .provider(provider("aks", "azure", azure_section, &[&allow]))
+        .env("RUST_LOG", "info");
+    for var in SCRUBBED {
+        builder = builder.env_remove(var);
     }
+    builder.envs(env).start()
+}
 
-    /// Like [`AzureBroker::start`], with the provider's `allowOverrides` (a flow mapping).
-    fn start_allowing(
-        azure_section: &str,
-        allow_overrides: &str,
-        env: &[(&str, String)],
-    ) -> AzureBroker {
-        let dir = tempdir();
-        let socket = dir.path().join("broker.sock");
-        let config = dir.path().join("config.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "socket: {{path: {}}}\nproviders:\n  - name: aks\n    type: azure\n    allowOverrides: {allow_overrides}\n    azure: {azure_section}\n",
-                yaml_str(socket.to_str().expect("UTF-8"))
-            ),
-        )
-        .expect("config");
-        let log = std::fs::File::create(dir.path().join("broker.log")).expect("log");
-        let mut cmd = Command::new(bin(BROKER));
-        cmd.arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("dup"))
-            .stderr(log)
-            .env("RUST_LOG", "info");
-        for var in SCRUBBED {
-            cmd.env_remove(var);
-        }
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("spawn credbroker");
-        let mut broker = AzureBroker { dir, socket, child };
-        let deadline = Instant::now() + BROKER_TIMEOUT;
-        while UnixStream::connect(&broker.socket).is_err() {
-            if let Ok(Some(status)) = broker.child.try_wait() {
-                panic!("credbroker exited ({status}): {}", broker.logs());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "credbroker did not listen: {}",
-                broker.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        broker
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("broker.log")).unwrap_or_default()
-    }
-
+/// The calls these tests make of a broker with the `aks` provider.
+trait AksCalls {
     /// One shim call for a cluster whose exec extension is `config`; returns the token.
+    fn token(&self, config: Value) -> String;
+    /// One shim call expected to fail; returns its stderr line.
+    fn shim_error(&self, config: Value, needles: &[&str]) -> String;
+    /// One GetToken over gRPC: the token, or the status a failure carries.
+    fn grpc(&self, config: Value) -> Result<String, tonic::Status>;
+}
+
+impl AksCalls for Broker {
     fn token(&self, config: Value) -> String {
         let info = exec_info(V1, "https://aks.example:443", config);
-        let out = run_shim(&self.socket, &["--provider", "aks"], Some(&info));
+        let out = run_shim(self.socket(), &["--provider", "aks"], Some(&info));
         if !out.status.success() {
             panic!(
                 "shim failed: {}\nbroker log:\n{}",
@@ -479,60 +106,19 @@ impl AzureBroker {
         assert_credential(&out, V1).token
     }
 
-    /// One shim call expected to fail; returns its stderr line.
     fn shim_error(&self, config: Value, needles: &[&str]) -> String {
         let info = exec_info(V1, "https://aks.example:443", config);
-        let out = run_shim(&self.socket, &["--provider", "aks"], Some(&info));
+        let out = run_shim(self.socket(), &["--provider", "aks"], Some(&info));
         assert_shim_error(&out, needles)
     }
 
-    /// One GetToken over gRPC: the status code a failure carries.
     fn grpc(&self, config: Value) -> Result<String, tonic::Status> {
-        use prost_types::value::Kind;
-        let Value::Object(map) = config else {
-            panic!("config must be an object")
-        };
-        let fields = map
-            .into_iter()
-            .map(|(k, v)| {
-                let s = v.as_str().expect("string values only").to_owned();
-                (
-                    k,
-                    prost_types::Value {
-                        kind: Some(Kind::StringValue(s)),
-                    },
-                )
-            })
-            .collect();
-        let socket = self.socket.clone();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let mut client = TokenServiceClient::new(unix_channel(&socket).await);
-            client
-                .get_token(GetTokenRequest {
-                    provider: "aks".into(),
-                    cluster: Some(Cluster {
-                        server: "https://aks.example:443".into(),
-                        config: Some(prost_types::Struct { fields }),
-                        ..Cluster::default()
-                    }),
-                    interactive: false,
-                })
-                .await
-                .map(|r| r.into_inner().token)
-        })
-    }
-}
-
-impl Drop for AzureBroker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        get_token_blocking(
+            self.socket(),
+            "aks",
+            cluster("https://aks.example:443", &config),
+        )
+        .map(|r| r.token)
     }
 }
 
@@ -567,8 +153,8 @@ fn workload_env(entra: &FakeEntra, file: &TokenFile) -> Vec<(&'static str, Strin
         ("AZURE_CLIENT_ID", CLIENT.to_owned()),
         ("AZURE_TENANT_ID", TENANT.to_owned()),
         ("AZURE_FEDERATED_TOKEN_FILE", path_str(&file.path())),
-        ("AZURE_AUTHORITY_HOST", entra.url.clone()),
-        ("SSL_CERT_FILE", path_str(&entra.ca_file)),
+        ("AZURE_AUTHORITY_HOST", entra.url().to_owned()),
+        ("SSL_CERT_FILE", path_str(entra.ca_file())),
     ]
 }
 
@@ -589,7 +175,7 @@ fn workload_identity_over_tls_three_clusters_share_one_token_request() {
     let file = TokenFile::new("federated-sa-token-1");
     let entra = FakeEntra::start(workload_expect(&file), 3600);
     // `credential: auto`: the workload identity environment decides.
-    let broker = AzureBroker::start("{}", &workload_env(&entra, &file));
+    let broker = azure_broker("{}", &workload_env(&entra, &file));
     let tokens: Vec<String> = ["east", "west", "north"]
         .iter()
         .map(|c| broker.token(json!({"clusterName": c})))
@@ -608,10 +194,10 @@ fn workload_identity_over_tls_three_clusters_share_one_token_request() {
     );
     let r = &entra.seen()[0];
     assert_eq!(r.path, format!("/{TENANT}/oauth2/v2.0/token"));
-    assert_eq!(r.form["grant_type"], "client_credentials");
-    assert_eq!(r.form["client_assertion_type"], JWT_BEARER);
-    assert_eq!(r.form["client_assertion"], "federated-sa-token-1");
-    assert_eq!(r.form["scope"], format!("{AKS_SERVER_ID}/.default"));
+    assert_eq!(r.form()["grant_type"], "client_credentials");
+    assert_eq!(r.form()["client_assertion_type"], JWT_BEARER);
+    assert_eq!(r.form()["client_assertion"], "federated-sa-token-1");
+    assert_eq!(r.form()["scope"], format!("{AKS_SERVER_ID}/.default"));
 }
 
 #[test]
@@ -619,7 +205,7 @@ fn a_rotated_federated_token_is_used_by_the_next_upstream_request() {
     let file = TokenFile::new("federated-sa-token-A");
     // A 6 s token: the cache serves it ~4.5 s, then the next call goes upstream.
     let entra = FakeEntra::start(workload_expect(&file), 6);
-    let broker = AzureBroker::start(
+    let broker = azure_broker(
         "{credential: workloadIdentity}",
         &workload_env(&entra, &file),
     );
@@ -635,7 +221,7 @@ fn a_rotated_federated_token_is_used_by_the_next_upstream_request() {
     let assertions: Vec<String> = entra
         .seen()
         .iter()
-        .map(|s| s.form["client_assertion"].clone())
+        .map(|s| s.form()["client_assertion"].clone())
         .collect();
     assert_eq!(
         &assertions[..2],
@@ -648,7 +234,7 @@ fn a_rotated_federated_token_is_used_by_the_next_upstream_request() {
 fn per_cluster_tenant_and_server_id_get_their_own_entries_and_requests() {
     let file = TokenFile::new("federated");
     let entra = FakeEntra::start(workload_expect(&file), 3600);
-    let broker = AzureBroker::start_allowing(
+    let broker = azure_broker_allowing(
         "{}",
         &format!("{{tenantId: [{OTHER_TENANT}], serverId: [\"api://aks-*\"]}}"),
         &workload_env(&entra, &file),
@@ -678,9 +264,9 @@ fn per_cluster_tenant_and_server_id_get_their_own_entries_and_requests() {
     assert_eq!(seen.len(), 3, "{seen:#?}");
     assert_eq!(seen[0].path, format!("/{TENANT}/oauth2/v2.0/token"));
     assert_eq!(seen[1].path, format!("/{OTHER_TENANT}/oauth2/v2.0/token"));
-    assert_eq!(seen[1].form["scope"], format!("{AKS_SERVER_ID}/.default"));
+    assert_eq!(seen[1].form()["scope"], format!("{AKS_SERVER_ID}/.default"));
     assert_eq!(seen[2].path, format!("/{TENANT}/oauth2/v2.0/token"));
-    assert_eq!(seen[2].form["scope"], "api://aks-private-app/.default");
+    assert_eq!(seen[2].form()["scope"], "api://aks-private-app/.default");
     assert!(
         tenant2.starts_with(&format!("entra-{OTHER_TENANT}-")),
         "{tenant2}"
@@ -698,15 +284,15 @@ fn client_secret_service_principal() {
         },
         3600,
     );
-    let broker = AzureBroker::start(
+    let broker = azure_broker(
         &format!(
             "{{credential: clientSecret, tenantId: {TENANT}, authorityHost: {}}}",
-            yaml_str(&entra.url)
+            yaml_str(entra.url())
         ),
         &[
             ("AZURE_CLIENT_ID", CLIENT.to_owned()),
             ("AZURE_CLIENT_SECRET", "sp-secret-value".to_owned()),
-            ("SSL_CERT_FILE", path_str(&entra.ca_file)),
+            ("SSL_CERT_FILE", path_str(entra.ca_file())),
         ],
     );
     let token = broker.token(json!({"clusterName": "a"}));
@@ -729,7 +315,7 @@ fn client_certificate_service_principal_signs_a_verified_assertion() {
     let dir = tempdir();
     let pem = dir.path().join("sp.pem");
     std::fs::write(&pem, CERT_PEM).expect("write pem");
-    let broker = AzureBroker::start(
+    let broker = azure_broker(
         &format!(
             "{{credential: clientCertificate, clientCertificatePath: {}}}",
             yaml_str(path_str(&pem))
@@ -737,8 +323,8 @@ fn client_certificate_service_principal_signs_a_verified_assertion() {
         &[
             ("AZURE_CLIENT_ID", CLIENT.to_owned()),
             ("AZURE_TENANT_ID", TENANT.to_owned()),
-            ("AZURE_AUTHORITY_HOST", entra.url.clone()),
-            ("SSL_CERT_FILE", path_str(&entra.ca_file)),
+            ("AZURE_AUTHORITY_HOST", entra.url().to_owned()),
+            ("SSL_CERT_FILE", path_str(entra.ca_file())),
         ],
     );
     broker.token(json!({"clusterName": "a"}));
@@ -757,13 +343,13 @@ fn managed_identity_through_the_identity_endpoint() {
         3600,
     );
     // `auto` with no workload identity: IDENTITY_ENDPOINT says there is a managed identity.
-    let broker = AzureBroker::start_allowing(
+    let broker = azure_broker_allowing(
         "{clientId: mi-client-id}",
         "{tenantId: [\"*\"]}",
         &[
-            ("IDENTITY_ENDPOINT", format!("{}/msi/token", entra.url)),
+            ("IDENTITY_ENDPOINT", format!("{}/msi/token", entra.url())),
             ("IDENTITY_HEADER", "identity-header-value".to_owned()),
-            ("SSL_CERT_FILE", path_str(&entra.ca_file)),
+            ("SSL_CERT_FILE", path_str(entra.ca_file())),
         ],
     );
     let a = broker.token(json!({"clusterName": "a"}));
@@ -796,7 +382,7 @@ fn aadsts_errors_are_permission_denied_with_code_and_meaning() {
     let file = TokenFile::new("federated");
     let entra = FakeEntra::start(workload_expect(&file), 3600);
     entra.fail_with(Some((400, AADSTS700213)));
-    let broker = AzureBroker::start("{}", &workload_env(&entra, &file));
+    let broker = azure_broker("{}", &workload_env(&entra, &file));
     let status = broker
         .grpc(json!({"clusterName": "a"}))
         .expect_err("refused");
@@ -835,7 +421,7 @@ fn endpoint_down_is_unavailable_with_backoff_while_the_cached_token_is_served() 
     // 14 s tokens: refresh is due after 5.6–8.4 s (half the lifetime ± 10 %), the cached
     // one is served until 10.5 s (three quarters, for a token this short).
     let entra = FakeEntra::start(workload_expect(&file), 14);
-    let broker = AzureBroker::start_allowing(
+    let broker = azure_broker_allowing(
         "{}",
         &format!("{{tenantId: [{OTHER_TENANT}]}}"),
         &workload_env(&entra, &file),
@@ -889,7 +475,7 @@ fn an_unreachable_authority_is_unavailable() {
     let mut env = workload_env(&entra, &file);
     env.retain(|(k, _)| *k != "AZURE_AUTHORITY_HOST");
     env.push(("AZURE_AUTHORITY_HOST", format!("https://{closed}")));
-    let broker = AzureBroker::start("{}", &env);
+    let broker = azure_broker("{}", &env);
     let status = broker.grpc(json!({"clusterName": "a"})).expect_err("down");
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     assert!(
@@ -901,7 +487,7 @@ fn an_unreachable_authority_is_unavailable() {
 
 #[test]
 fn missing_environment_names_the_variables() {
-    let broker = AzureBroker::start("{credential: workloadIdentity}", &[]);
+    let broker = azure_broker("{credential: workloadIdentity}", &[]);
     let line = broker.shim_error(
         json!({"clusterName": "a"}),
         &[
@@ -911,7 +497,7 @@ fn missing_environment_names_the_variables() {
         ],
     );
     assert!(line.contains("workload identity"), "{line}");
-    let broker = AzureBroker::start(
+    let broker = azure_broker(
         "{credential: clientSecret, tenantId: t}",
         &[("AZURE_CLIENT_ID", CLIENT.to_owned())],
     );
@@ -936,7 +522,7 @@ fn the_test_ca_is_trusted_only_through_ssl_cert_file() {
     let entra = FakeEntra::start(workload_expect(&file), 3600);
     let mut env = workload_env(&entra, &file);
     env.retain(|(k, _)| *k != "SSL_CERT_FILE");
-    let broker = AzureBroker::start("{}", &env);
+    let broker = azure_broker("{}", &env);
     let status = broker
         .grpc(json!({"clusterName": "a"}))
         .expect_err("untrusted");
@@ -1044,19 +630,19 @@ fn https_proxy_is_used_and_no_proxy_is_honoured() {
     let file = TokenFile::new("federated");
     let entra = FakeEntra::start(workload_expect(&file), 3600);
     let proxy = ConnectProxy::start();
-    let port = entra.url.rsplit(':').next().expect("port").to_owned();
+    let port = entra.url().rsplit(':').next().expect("port").to_owned();
     // `localhost`: hosts on loopback addresses may be exempt from proxying by convention.
     let mut env = workload_env(&entra, &file);
     env.retain(|(k, _)| *k != "AZURE_AUTHORITY_HOST");
     env.push(("AZURE_AUTHORITY_HOST", format!("https://localhost:{port}")));
     env.push(("HTTPS_PROXY", proxy.url.clone()));
-    let broker = AzureBroker::start("{}", &env);
+    let broker = azure_broker("{}", &env);
     broker.token(json!({"clusterName": "a"}));
     assert_eq!(proxy.targets(), [format!("localhost:{port}")]);
     drop(broker);
 
     env.push(("NO_PROXY", "localhost".to_owned()));
-    let broker = AzureBroker::start("{}", &env);
+    let broker = azure_broker("{}", &env);
     broker.token(json!({"clusterName": "a"}));
     assert_eq!(
         proxy.targets().len(),
@@ -1090,7 +676,7 @@ fn trace_logs_hold_no_secret() {
     let entra = FakeEntra::start(workload_expect(&file), 3600);
     let mut env = workload_env(&entra, &file);
     env.push(("RUST_LOG", "trace".to_owned()));
-    let broker = AzureBroker::start("{}", &env);
+    let broker = azure_broker("{}", &env);
     let token = broker.token(json!({"clusterName": "trace"}));
     entra.assert_no_violations();
     let logs = broker.logs();
@@ -1114,7 +700,7 @@ fn a_token_with_control_characters_from_entra_is_refused_like_any_provider_s() {
         200,
         r#"{"token_type":"Bearer","expires_in":3600,"ext_expires_in":3600,"access_token":"entra-sekrit\r\nX-Injected: 1"}"#,
     )));
-    let broker = AzureBroker::start("{}", &workload_env(&entra, &file));
+    let broker = azure_broker("{}", &workload_env(&entra, &file));
     let line = broker.shim_error(json!({"clusterName": "a"}), &["control character"]);
     assert!(!line.contains("sekrit"), "{line}");
     assert!(!broker.logs().contains("sekrit"), "{}", broker.logs());
