@@ -194,69 +194,56 @@ fn invalid_grant_and_403_are_permission_denied() {
 fn key_file_problems_name_the_file_and_field() {
     let dir = tempdir();
     let missing = dir.path().join("missing.json");
-    let broker = gcp_broker(
-        "{}",
-        &[(
-            "GOOGLE_APPLICATION_CREDENTIALS",
-            missing.display().to_string(),
-        )],
-    );
-    let out = run_shim(
-        broker.socket(),
-        &["--provider", "gke"],
-        Some(&shim_info("a")),
-    );
-    assert_shim_error(
-        &out,
-        &[
-            "not_found",
-            &missing.display().to_string(),
-            "GOOGLE_APPLICATION_CREDENTIALS",
-        ],
-    );
-
-    let bad = broker.dir().join("bad.json");
+    let bad = dir.path().join("bad.json");
     std::fs::write(
         &bad,
         json!({"type": "service_account", "client_email": SA_EMAIL, "private_key": "-----BEGIN PRIVATE KEY-----\nnot base64!\n-----END PRIVATE KEY-----\n"}).to_string(),
     )
     .expect("write");
-    let broker2 = gcp_broker(
-        &format!(
+    let truncated = dir.path().join("truncated.json");
+    std::fs::write(&truncated, "{\"type\": \"service_acc").expect("write");
+    let credentials_file = |path: &Path| {
+        format!(
             "{{credentialsFile: {}}}",
-            yaml_str(bad.to_str().expect("UTF-8"))
+            yaml_str(path.to_str().expect("UTF-8"))
+        )
+    };
+    let (missing_s, bad_s, truncated_s) = (
+        missing.display().to_string(),
+        bad.display().to_string(),
+        truncated.display().to_string(),
+    );
+    // (gcp section, environment, what the shim's error line names)
+    let cases = [
+        (
+            "{}".to_owned(),
+            vec![("GOOGLE_APPLICATION_CREDENTIALS", missing_s.clone())],
+            vec![
+                "not_found",
+                missing_s.as_str(),
+                "GOOGLE_APPLICATION_CREDENTIALS",
+            ],
         ),
-        &[],
-    );
-    let out = run_shim(
-        broker2.socket(),
-        &["--provider", "gke"],
-        Some(&shim_info("a")),
-    );
-    assert_shim_error(&out, &[&bad.display().to_string(), "field `private_key`"]);
-
-    let unreadable = broker.dir().join("truncated.json");
-    std::fs::write(&unreadable, "{\"type\": \"service_acc").expect("write");
-    let broker3 = gcp_broker(
-        &format!(
-            "{{credentialsFile: {}}}",
-            yaml_str(unreadable.to_str().expect("UTF-8"))
+        (
+            credentials_file(&bad),
+            vec![],
+            vec![bad_s.as_str(), "field `private_key`"],
         ),
-        &[],
-    );
-    let out = run_shim(
-        broker3.socket(),
-        &["--provider", "gke"],
-        Some(&shim_info("a")),
-    );
-    assert_shim_error(
-        &out,
-        &[
-            &unreadable.display().to_string(),
-            "not valid json",
-            "line 1",
-        ],
-    );
+        (
+            credentials_file(&truncated),
+            vec![],
+            vec![truncated_s.as_str(), "not valid json", "line 1"],
+        ),
+    ];
+    for (section, env, needles) in &cases {
+        let broker = gcp_broker(section, env);
+        let out = run_shim(
+            broker.socket(),
+            &["--provider", "gke"],
+            Some(&shim_info("a")),
+        );
+        assert_shim_error(&out, needles);
+    }
 }
 
 #[test]
