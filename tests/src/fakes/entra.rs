@@ -257,11 +257,18 @@ fn answer(state: &Mutex<State>, req: &Seen) -> Reply {
     st.issued += 1;
     let server = scope.trim_end_matches("/.default");
     let short = &server[..server.len().min(8)];
-    reply(
+    token_reply(
+        &format!("entra-{tenant}-{short}-{}", st.issued),
+        st.expires_in,
+    )
+}
+
+/// Entra ID's answer to a token request: `token`, valid `expires_in` seconds.
+pub fn token_reply(token: &str, expires_in: u64) -> Reply {
+    Reply::json(
         200,
-        json!({"token_type": "Bearer", "expires_in": st.expires_in, "ext_expires_in": st.expires_in,
-               "access_token": format!("entra-{tenant}-{short}-{}", st.issued)})
-        .to_string(),
+        &json!({"token_type": "Bearer", "expires_in": expires_in, "ext_expires_in": expires_in,
+                "access_token": token}),
     )
 }
 
