@@ -25,7 +25,7 @@ pub struct Kubeconfig<'a> {
     pub ca_pem: &'a str,
     /// The `client.authentication.k8s.io/exec` extension (the shim's `spec.cluster.config`).
     pub cluster_config: Value,
-    /// `users[].user.exec.apiVersion` ([`V1`] or [`V1BETA1`]).
+    /// `users[].user.exec.apiVersion` ([`V1`](crate::V1) or [`V1BETA1`](crate::V1BETA1)).
     pub api_version: &'a str,
     /// The shim's `--provider`.
     pub provider: &'a str,
