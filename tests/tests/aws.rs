@@ -21,8 +21,8 @@ use credbroker_tests::fakes::sts::{
 };
 use credbroker_tests::{
     Broker, FakeHttps, Kubeconfig, Reply, Seen, V1, V1BETA1, assert_credential, assert_shim_error,
-    cluster, describe, exec_info, get_token, get_token_blocking, kubectl, run_shim, tempdir,
-    wait_until, write_kubeconfig, yaml_str,
+    cluster, describe, exec_info, get_token, get_token_blocking, kubectl, provider, run_shim,
+    tempdir, wait_until, write_kubeconfig, yaml_str,
 };
 use serde_json::{Value, json};
 
@@ -50,7 +50,7 @@ fn aws_broker(providers: &[String], env: &[(&str, String)]) -> Broker {
 
 /// A `type: aws` provider entry; `aws` is the inside of the `aws:` flow mapping.
 fn aws_provider(name: &str, aws: &str) -> String {
-    format!("  - name: {name}\n    type: aws\n    aws: {{{aws}}}\n")
+    provider(name, "aws", &format!("{{{aws}}}"), &[])
 }
 
 fn static_keys(session_token: Option<&str>) -> Vec<(&'static str, String)> {
