@@ -1,0 +1,91 @@
+//! The sizes of one run: the full run (`bench/run.sh`, minutes) and `--smoke` (seconds, what
+//! CI runs so the benchmarks keep working; its numbers mean nothing).
+
+use std::time::Duration;
+
+/// Sizes of one run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub smoke: bool,
+    /// Sections to run (all when empty).
+    pub only: Vec<String>,
+    pub shim_runs: usize,
+    pub aws_runs: usize,
+    pub load_secs: f64,
+    pub levels: Vec<usize>,
+    pub cold: usize,
+    pub rss_entries: usize,
+    pub refresh_entries: usize,
+    pub refresh_life: Duration,
+    pub phase: Duration,
+    /// Worker clusters of the fleet: (EKS, GKE, AKS).
+    pub fleet: (usize, usize, usize),
+    pub anchor_fleet: usize,
+    pub steady: Duration,
+    pub steady_life: Duration,
+}
+
+impl Plan {
+    pub fn full() -> Plan {
+        Plan {
+            smoke: false,
+            only: Vec::new(),
+            shim_runs: 300,
+            aws_runs: 200,
+            load_secs: 5.0,
+            levels: vec![1, 16, 64, 256],
+            cold: 1000,
+            rss_entries: 100_000,
+            refresh_entries: 10_000,
+            refresh_life: Duration::from_secs(120),
+            phase: Duration::from_secs(3),
+            fleet: (600, 300, 100),
+            anchor_fleet: 100,
+            steady: Duration::from_secs(60),
+            steady_life: Duration::from_secs(20),
+        }
+    }
+
+    pub fn smoke() -> Plan {
+        Plan {
+            smoke: true,
+            only: Vec::new(),
+            shim_runs: 20,
+            aws_runs: 3,
+            load_secs: 0.5,
+            levels: vec![1, 16, 64, 256],
+            cold: 100,
+            rss_entries: 2000,
+            refresh_entries: 300,
+            refresh_life: Duration::from_secs(12),
+            phase: Duration::from_secs(1),
+            fleet: (60, 30, 10),
+            anchor_fleet: 3,
+            steady: Duration::from_secs(6),
+            steady_life: Duration::from_secs(4),
+        }
+    }
+
+    /// Whether the section `name` runs (`--only`).
+    pub fn runs(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == name)
+    }
+
+    /// The fleet's clusters in order: the EKS ones first, then GKE, then AKS.
+    pub fn fleet_total(&self) -> usize {
+        let (n_eks, n_gke, n_aks) = self.fleet;
+        n_eks + n_gke + n_aks
+    }
+
+    /// The provider serving fleet cluster `i`.
+    pub fn fleet_provider(&self, i: usize) -> &'static str {
+        let (n_eks, n_gke, _) = self.fleet;
+        if i < n_eks {
+            "eks"
+        } else if i < n_eks + n_gke {
+            "gke"
+        } else {
+            "aks"
+        }
+    }
+}
