@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::fakes::{Fake, Kind};
+use crate::fakes::Clouds;
 use crate::plan::Plan;
 use crate::procs::Broker;
 
@@ -30,9 +30,7 @@ pub struct Bench<'a> {
     pub broker_bin: PathBuf,
     pub shim_bin: PathBuf,
     work: tempfile::TempDir,
-    pub sts: Fake,
-    pub mds: Fake,
-    pub entra: Fake,
+    pub clouds: Clouds,
     /// The markdown report so far.
     pub out: String,
 }
@@ -54,23 +52,13 @@ impl<'a> Bench<'a> {
         broker_bin: PathBuf,
         shim_bin: PathBuf,
     ) -> Self {
-        let (sts, mds, entra) = rt.block_on(async {
-            (
-                Fake::start(Kind::Sts, UPSTREAM_DELAY, HOUR).await,
-                Fake::start(Kind::Metadata, UPSTREAM_DELAY, HOUR).await,
-                Fake::start(Kind::Entra, UPSTREAM_DELAY, HOUR).await,
-            )
-        });
+        let clouds = rt.block_on(Clouds::start(UPSTREAM_DELAY, HOUR));
         let work = tempfile::Builder::new()
             .prefix("credbroker-bench-work-")
             .tempdir()
             .expect("work dir");
         let w = work.path();
-        std::fs::write(
-            w.join("entra-ca.pem"),
-            entra.ca_pem.as_deref().unwrap_or(""),
-        )
-        .expect("ca");
+        std::fs::write(w.join("fakes-ca.pem"), clouds.ca_bundle()).expect("ca");
         std::fs::write(w.join("federated-token"), "bench-federated-sa-token").expect("token");
         // The exec plugin for hits and for the 200 ms provider: sleeps $1 seconds, counts its
         // runs in $2, prints an ExecCredential without expiry (the provider's defaultLifetime).
@@ -85,9 +73,7 @@ impl<'a> Bench<'a> {
             broker_bin,
             shim_bin,
             work,
-            sts,
-            mds,
-            entra,
+            clouds,
             out: String::new(),
         }
     }
@@ -125,8 +111,6 @@ impl<'a> Bench<'a> {
         [
             ("AWS_ACCESS_KEY_ID", AWS_KEY.to_owned()),
             ("AWS_SECRET_ACCESS_KEY", AWS_SECRET.to_owned()),
-            ("AWS_ENDPOINT_URL_STS", self.sts.url()),
-            ("GCE_METADATA_HOST", self.mds.addr.to_string()),
             (
                 "AZURE_CLIENT_ID",
                 "11111111-2222-3333-4444-555555555555".to_owned(),
@@ -139,14 +123,10 @@ impl<'a> Bench<'a> {
                 "AZURE_FEDERATED_TOKEN_FILE",
                 w.join("federated-token").display().to_string(),
             ),
-            ("AZURE_AUTHORITY_HOST", self.entra.url()),
-            (
-                "SSL_CERT_FILE",
-                w.join("entra-ca.pem").display().to_string(),
-            ),
             ("RUST_LOG", "info".to_owned()),
         ]
         .into_iter()
+        .chain(self.clouds.endpoint_env(&w.join("fakes-ca.pem")))
         .map(|(k, v)| (k.to_owned(), v))
         .collect()
     }
@@ -170,15 +150,12 @@ impl<'a> Bench<'a> {
 
     /// Zeroes the fakes' call counts; their credentials live `lifetime` from now on.
     pub fn reset_fakes(&self, lifetime: Duration) {
-        for f in [&self.sts, &self.mds, &self.entra] {
-            f.reset_calls();
-            f.set_lifetime(lifetime);
-        }
+        self.clouds.reset(lifetime);
     }
 
     /// Credential calls served: (AssumeRole, metadata token, Entra token).
     pub fn upstream_calls(&self) -> (u64, u64, u64) {
-        (self.sts.calls(), self.mds.calls(), self.entra.calls())
+        self.clouds.calls()
     }
 
     /// The report's title and the machine it ran on.

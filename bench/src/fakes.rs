@@ -4,15 +4,71 @@
 //! `GCE_METADATA_HOST`), and Entra ID's token endpoint (HTTPS at `AZURE_AUTHORITY_HOST`, with a
 //! throwaway CA the broker trusts through `SSL_CERT_FILE`). Token lifetimes are adjustable
 //! while running, so one fake serves both the cold-start and the fast-clock steady-state runs.
+//!
+//! The scenarios see only [`Clouds`]: the three fakes, their call counts and the broker
+//! environment that points at them. What listens is [`server`], behind the one `use` below.
 
-use std::convert::Infallible;
-use std::net::{Ipv4Addr, SocketAddr};
+mod server;
+
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::Bytes;
+// The listener under the fakes: the test harness's `FakeHttps` is to replace it (server.rs).
+use server::{Handler, Listening, Reply, Scheme, Seen, spawn};
+
+/// The three fake clouds a run's brokers are pointed at.
+#[derive(Debug)]
+pub struct Clouds {
+    pub sts: Fake,
+    pub metadata: Fake,
+    pub entra: Fake,
+}
+
+impl Clouds {
+    /// Starts all three on the current tokio runtime, answering after `delay` with
+    /// credentials that live `lifetime`.
+    pub async fn start(delay: Duration, lifetime: Duration) -> Clouds {
+        Clouds {
+            sts: Fake::start(Kind::Sts, delay, lifetime).await,
+            metadata: Fake::start(Kind::Metadata, delay, lifetime).await,
+            entra: Fake::start(Kind::Entra, delay, lifetime).await,
+        }
+    }
+
+    /// Zeroes the call counts; credentials issued from now on live `lifetime`.
+    pub fn reset(&self, lifetime: Duration) {
+        for f in [&self.sts, &self.metadata, &self.entra] {
+            f.reset_calls();
+            f.set_lifetime(lifetime);
+        }
+    }
+
+    /// Credential calls served: (AssumeRole, metadata token, Entra token).
+    pub fn calls(&self) -> (u64, u64, u64) {
+        (self.sts.calls(), self.metadata.calls(), self.entra.calls())
+    }
+
+    /// The CAs the broker must trust to reach the TLS fakes, as one PEM bundle.
+    pub fn ca_bundle(&self) -> String {
+        [&self.sts, &self.metadata, &self.entra]
+            .iter()
+            .filter_map(|f| f.listening.ca_pem.as_deref())
+            .collect()
+    }
+
+    /// The variables that point each cloud's client at its fake; `ca_file` holds
+    /// [`Clouds::ca_bundle`].
+    pub fn endpoint_env(&self, ca_file: &Path) -> [(&'static str, String); 4] {
+        [
+            ("AWS_ENDPOINT_URL_STS", self.sts.url()),
+            ("GCE_METADATA_HOST", self.metadata.host()),
+            ("AZURE_AUTHORITY_HOST", self.entra.url()),
+            ("SSL_CERT_FILE", ca_file.display().to_string()),
+        ]
+    }
+}
 
 /// Which cloud endpoint a fake plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,9 +81,7 @@ pub enum Kind {
 /// A running fake; stops when the runtime it was started on shuts down.
 #[derive(Debug)]
 pub struct Fake {
-    pub addr: SocketAddr,
-    /// PEM of the CA that signed the fake's certificate (Entra only).
-    pub ca_pem: Option<String>,
+    listening: Listening,
     state: Arc<State>,
 }
 
@@ -42,56 +96,23 @@ struct State {
 impl Fake {
     /// Starts on 127.0.0.1 (an ephemeral port) on the current tokio runtime.
     pub async fn start(kind: Kind, delay: Duration, lifetime: Duration) -> Fake {
-        let listener = tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-            .await
-            .expect("bind a fake upstream on 127.0.0.1");
-        let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(State {
             kind,
             calls: AtomicU64::new(0),
             delay_ms: AtomicU64::new(delay.as_millis() as u64),
             lifetime_s: AtomicU64::new(lifetime.as_secs()),
         });
-        let (ca_pem, tls) = if kind == Kind::Entra {
-            let (ca, config) = credbroker_tests::tls_config();
-            (Some(ca), Some(tokio_rustls::TlsAcceptor::from(config)))
-        } else {
-            (None, None)
+        let scheme = match kind {
+            Kind::Entra => Scheme::Https,
+            Kind::Sts | Kind::Metadata => Scheme::Http,
         };
         let st = Arc::clone(&state);
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let st = Arc::clone(&st);
-                let tls = tls.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let st = Arc::clone(&st);
-                        async move { Ok::<_, Infallible>(st.answer(req).await) }
-                    });
-                    let http = hyper::server::conn::http1::Builder::new();
-                    match tls {
-                        Some(acceptor) => {
-                            if let Ok(s) = acceptor.accept(stream).await {
-                                let _ = http
-                                    .serve_connection(hyper_util::rt::TokioIo::new(s), service)
-                                    .await;
-                            }
-                        }
-                        None => {
-                            let _ = http
-                                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                                .await;
-                        }
-                    }
-                });
-            }
+        let handler: Handler = Arc::new(move |seen| {
+            let st = Arc::clone(&st);
+            Box::pin(async move { st.answer(&seen).await })
         });
         Fake {
-            addr,
-            ca_pem,
+            listening: spawn(scheme, handler).await,
             state,
         }
     }
@@ -113,56 +134,41 @@ impl Fake {
     }
 
     pub fn url(&self) -> String {
-        let scheme = if self.ca_pem.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        format!("{scheme}://{}", self.addr)
+        self.listening.url()
+    }
+
+    /// `host:port`, as `GCE_METADATA_HOST` takes it.
+    pub fn host(&self) -> String {
+        self.listening.addr.to_string()
     }
 }
 
-type Response = hyper::Response<Full<Bytes>>;
-
 impl State {
-    async fn answer(&self, req: hyper::Request<hyper::body::Incoming>) -> Response {
-        let method = req.method().clone();
-        let path = req.uri().path().to_owned();
-        let flavor = req
-            .headers()
-            .get("metadata-flavor")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let body = req
-            .into_body()
-            .collect()
-            .await
-            .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
-            .unwrap_or_default();
+    async fn answer(&self, req: &Seen) -> Reply {
         let is_credential_call = match self.kind {
-            Kind::Sts => method == hyper::Method::POST && body.contains("Action=AssumeRole"),
+            Kind::Sts => req.method == "POST" && req.body.contains("Action=AssumeRole"),
             Kind::Metadata => {
-                method == hyper::Method::GET
-                    && path == "/computeMetadata/v1/instance/service-accounts/default/token"
-                    && flavor.as_deref() == Some("Google")
+                req.method == "GET"
+                    && req.path == "/computeMetadata/v1/instance/service-accounts/default/token"
+                    && req.headers.get("metadata-flavor").map(String::as_str) == Some("Google")
             }
-            Kind::Entra => method == hyper::Method::POST && path.ends_with("/oauth2/v2.0/token"),
+            Kind::Entra => req.method == "POST" && req.path.ends_with("/oauth2/v2.0/token"),
         };
         if !is_credential_call {
-            return reply(404, "text/plain", "not found".into());
+            return (404, "text/plain", "not found".into());
         }
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         tokio::time::sleep(Duration::from_millis(self.delay_ms.load(Ordering::SeqCst))).await;
         let life = self.lifetime_s.load(Ordering::SeqCst);
         match self.kind {
-            Kind::Sts => reply(200, "text/xml", assume_role_ok(n, life)),
-            Kind::Metadata => reply(
+            Kind::Sts => (200, "text/xml", assume_role_ok(n, life)),
+            Kind::Metadata => (
                 200,
                 "application/json",
                 serde_json::json!({"access_token": format!("ya29.bench-{n}"), "expires_in": life, "token_type": "Bearer"})
                     .to_string(),
             ),
-            Kind::Entra => reply(
+            Kind::Entra => (
                 200,
                 "application/json",
                 serde_json::json!({"token_type": "Bearer", "expires_in": life, "ext_expires_in": life,
@@ -171,14 +177,6 @@ impl State {
             ),
         }
     }
-}
-
-fn reply(status: u16, content_type: &str, body: String) -> Response {
-    hyper::Response::builder()
-        .status(status)
-        .header("content-type", content_type)
-        .body(Full::new(Bytes::from(body)))
-        .expect("response")
 }
 
 fn assume_role_ok(n: u64, life_s: u64) -> String {

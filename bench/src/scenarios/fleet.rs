@@ -71,7 +71,7 @@ pub fn run(bench: &mut Bench<'_>) {
             .map(|i| {
                 anchors::aws_eks_get_token(&aws, &home, &format!("eks-{i}"))
                     .args(["--role-arn", ROLE_ARN])
-                    .env("AWS_ENDPOINT_URL_STS", bench.sts.url())
+                    .env("AWS_ENDPOINT_URL_STS", bench.clouds.sts.url())
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::null())
@@ -86,7 +86,7 @@ pub fn run(bench: &mut Bench<'_>) {
                 o.status.success() && String::from_utf8_lossy(&o.stdout).contains("k8s-aws-v1.")
             })
             .count();
-        (a, ok, started.elapsed(), bench.sts.calls())
+        (a, ok, started.elapsed(), bench.clouds.sts.calls())
     });
     let mut o = format!(
         "## 6. Fleet cold start: {total} worker clusters ({n_eks} EKS of one role, {n_gke} GKE, {n_aks} AKS), fake upstreams at 200 ms\n\nAll {total} shims are spawned at once (as client-go does when the manager restarts), each for its own cluster.\n\n| served by | clusters | tokens printed | wall time until the last token | upstream credential calls |\n|---|---:|---:|---:|---:|\n| **credbroker** | {total} | {ok} | **{}** (spawning took {}) | **{}** (AssumeRole {sts}, metadata {mds}, Entra {entra}) |\n",

@@ -51,7 +51,7 @@ pub fn run(bench: &mut Bench<'_>) {
             }
         };
         let mut before = phase().await;
-        let calls_before = bench.sts.calls();
+        let calls_before = bench.clouds.sts.calls();
         // Every entry is due from 0.6 × its lifetime (+ jitter on the fill time) and
         // served until 0.75 × its lifetime.
         let due_at = life.mul_f64(0.62) + fill.mul_f64(0.4);
@@ -70,7 +70,7 @@ pub fn run(bench: &mut Bench<'_>) {
             sb,
             sd,
             refreshed,
-            bench.sts.calls() - calls_before,
+            bench.clouds.sts.calls() - calls_before,
             before.errors + during.errors,
         )
     });
