@@ -68,6 +68,18 @@ fn main() {
     if let Some(n) = anchor_fleet {
         plan.anchor_fleet = n;
     }
+    // A misspelt section would otherwise run nothing and print an empty report.
+    if let Some(unknown) = only
+        .iter()
+        .find(|o| !scenarios::ALL.iter().any(|(name, _)| name == o))
+    {
+        let known: Vec<&str> = scenarios::ALL.iter().map(|(name, _)| *name).collect();
+        eprintln!(
+            "credbroker-bench: unknown section {unknown:?} in --only (sections: {})\n{USAGE}",
+            known.join(",")
+        );
+        std::process::exit(2);
+    }
     plan.only = only;
     let exe = std::env::current_exe().expect("current_exe");
     let bin_dir = bin_dir.unwrap_or_else(|| exe.parent().expect("exe dir").to_path_buf());
