@@ -52,7 +52,7 @@ impl<'a> Bench<'a> {
         broker_bin: PathBuf,
         shim_bin: PathBuf,
     ) -> Self {
-        let clouds = rt.block_on(Clouds::start(UPSTREAM_DELAY, HOUR));
+        let clouds = Clouds::start(UPSTREAM_DELAY, HOUR);
         let work = tempfile::Builder::new()
             .prefix("credbroker-bench-work-")
             .tempdir()

@@ -15,8 +15,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-// The listener under the fakes: the test harness's `FakeHttps` is to replace it (server.rs).
-use server::{Handler, Listening, Reply, Scheme, Seen, spawn};
+// The listener under the fakes, in the shape of the test harness's: once the harness's
+// fakes are on main, this line becomes `use credbroker_tests::{FakeHttps, Reply, Seen};`
+// and server.rs goes.
+use server::{FakeHttps, Reply, Seen};
 
 /// The three fake clouds a run's brokers are pointed at.
 #[derive(Debug)]
@@ -27,13 +29,12 @@ pub struct Clouds {
 }
 
 impl Clouds {
-    /// Starts all three on the current tokio runtime, answering after `delay` with
-    /// credentials that live `lifetime`.
-    pub async fn start(delay: Duration, lifetime: Duration) -> Clouds {
+    /// Starts all three, answering after `delay` with credentials that live `lifetime`.
+    pub fn start(delay: Duration, lifetime: Duration) -> Clouds {
         Clouds {
-            sts: Fake::start(Kind::Sts, delay, lifetime).await,
-            metadata: Fake::start(Kind::Metadata, delay, lifetime).await,
-            entra: Fake::start(Kind::Entra, delay, lifetime).await,
+            sts: Fake::start(Kind::Sts, delay, lifetime),
+            metadata: Fake::start(Kind::Metadata, delay, lifetime),
+            entra: Fake::start(Kind::Entra, delay, lifetime),
         }
     }
 
@@ -54,7 +55,7 @@ impl Clouds {
     pub fn ca_bundle(&self) -> String {
         [&self.sts, &self.metadata, &self.entra]
             .iter()
-            .filter_map(|f| f.listening.ca_pem.as_deref())
+            .map(|f| f.server.ca_pem())
             .collect()
     }
 
@@ -78,10 +79,10 @@ pub enum Kind {
     Entra,
 }
 
-/// A running fake; stops when the runtime it was started on shuts down.
+/// A running fake; stops when dropped.
 #[derive(Debug)]
 pub struct Fake {
-    listening: Listening,
+    server: FakeHttps,
     state: Arc<State>,
 }
 
@@ -89,32 +90,27 @@ pub struct Fake {
 struct State {
     kind: Kind,
     calls: AtomicU64,
-    delay_ms: AtomicU64,
+    delay: Duration,
     lifetime_s: AtomicU64,
 }
 
 impl Fake {
-    /// Starts on 127.0.0.1 (an ephemeral port) on the current tokio runtime.
-    pub async fn start(kind: Kind, delay: Duration, lifetime: Duration) -> Fake {
+    /// Starts on 127.0.0.1 (an ephemeral port): Entra over TLS, STS and metadata over plain
+    /// HTTP (how clients reach the metadata server; STS at a plain `AWS_ENDPOINT_URL_STS`).
+    pub fn start(kind: Kind, delay: Duration, lifetime: Duration) -> Fake {
         let state = Arc::new(State {
             kind,
             calls: AtomicU64::new(0),
-            delay_ms: AtomicU64::new(delay.as_millis() as u64),
+            delay,
             lifetime_s: AtomicU64::new(lifetime.as_secs()),
         });
-        let scheme = match kind {
-            Kind::Entra => Scheme::Https,
-            Kind::Sts | Kind::Metadata => Scheme::Http,
-        };
         let st = Arc::clone(&state);
-        let handler: Handler = Arc::new(move |seen| {
-            let st = Arc::clone(&st);
-            Box::pin(async move { st.answer(&seen).await })
-        });
-        Fake {
-            listening: spawn(scheme, handler).await,
-            state,
-        }
+        let handler = move |seen: &Seen| st.answer(seen);
+        let server = match kind {
+            Kind::Entra => FakeHttps::spawn(handler),
+            Kind::Sts | Kind::Metadata => FakeHttps::spawn_plain(handler),
+        };
+        Fake { server, state }
     }
 
     /// Credential calls answered so far (AssumeRole, metadata token, Entra token).
@@ -134,17 +130,19 @@ impl Fake {
     }
 
     pub fn url(&self) -> String {
-        self.listening.url()
+        self.server.url().to_owned()
     }
 
     /// `host:port`, as `GCE_METADATA_HOST` takes it.
     pub fn host(&self) -> String {
-        self.listening.addr.to_string()
+        self.server.addr().to_string()
     }
 }
 
 impl State {
-    async fn answer(&self, req: &Seen) -> Reply {
+    /// A credential call is counted when it arrives and answered after the delay; anything
+    /// else is a 404 at once.
+    fn answer(&self, req: &Seen) -> Reply {
         let is_credential_call = match self.kind {
             Kind::Sts => req.method == "POST" && req.body.contains("Action=AssumeRole"),
             Kind::Metadata => {
@@ -155,27 +153,27 @@ impl State {
             Kind::Entra => req.method == "POST" && req.path.ends_with("/oauth2/v2.0/token"),
         };
         if !is_credential_call {
-            return (404, "text/plain", "not found".into());
+            return Reply::new(404, "not found").header("content-type", "text/plain");
         }
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        tokio::time::sleep(Duration::from_millis(self.delay_ms.load(Ordering::SeqCst))).await;
         let life = self.lifetime_s.load(Ordering::SeqCst);
-        match self.kind {
-            Kind::Sts => (200, "text/xml", assume_role_ok(n, life)),
+        let (content_type, body) = match self.kind {
+            Kind::Sts => ("text/xml", assume_role_ok(n, life)),
             Kind::Metadata => (
-                200,
                 "application/json",
                 serde_json::json!({"access_token": format!("ya29.bench-{n}"), "expires_in": life, "token_type": "Bearer"})
                     .to_string(),
             ),
             Kind::Entra => (
-                200,
                 "application/json",
                 serde_json::json!({"token_type": "Bearer", "expires_in": life, "ext_expires_in": life,
                                    "access_token": format!("entra-bench-{n}")})
                 .to_string(),
             ),
-        }
+        };
+        Reply::new(200, body)
+            .header("content-type", content_type)
+            .after(self.delay)
     }
 }
 
