@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-// The listener under the fakes, in the shape of the test harness's: once the harness's
-// fakes are on main, this line becomes `use credbroker_tests::{FakeHttps, Reply, Seen};`
-// and server.rs goes.
+// The listener under the fakes, in the shape of the test harness's: once the harness has
+// its `FakeHttps`, this line becomes `use credbroker_tests::{FakeHttps, Reply, Seen};` and
+// `mod server` (server.rs) goes.
 use server::{FakeHttps, Reply, Seen};
 
 /// The three fake clouds a run's brokers are pointed at.

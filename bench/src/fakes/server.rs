@@ -1,12 +1,11 @@
-//! The server under the bench's fake clouds, in the shape of the test harness's
-//! `credbroker_tests::FakeHttps` (branch `harness`, not yet on `main`): HTTP/1.1 on
-//! 127.0.0.1 (an ephemeral port), TLS with a throwaway CA ([`credbroker_tests::tls_config`])
-//! or plain, on a thread and runtime of its own; every request read whole into a [`Seen`]
-//! and answered with the handler's [`Reply`], after the reply's delay (waited
-//! asynchronously: other requests are served meanwhile).
+//! The server under the bench's fake clouds, in the shape of the test harness's coming
+//! `credbroker_tests::FakeHttps`: HTTP/1.1 on 127.0.0.1 (an ephemeral port), TLS with a
+//! throwaway CA ([`credbroker_tests::tls_config`]) or plain, on a thread and runtime of its
+//! own; every request read whole into a [`Seen`] and answered with the handler's [`Reply`],
+//! after the reply's delay (waited asynchronously: other requests are served meanwhile).
 //!
 //! Only the part the bench uses is here, with the harness's names and signatures, so taking
-//! the harness's server is the one `use` line in `fakes.rs` and deleting this file.
+//! the harness's server is the one `use` line in `fakes.rs` and deleting this module.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
