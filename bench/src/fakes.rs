@@ -1,24 +1,22 @@
-//! Local stand-ins for the cloud endpoints, each answering after a fixed delay (the issue's
-//! 200 ms) and counting the credential calls it serves: AWS STS `AssumeRole` (plain HTTP at
-//! `AWS_ENDPOINT_URL_STS`), the GCE metadata server's token (plain HTTP at
-//! `GCE_METADATA_HOST`), and Entra ID's token endpoint (HTTPS at `AZURE_AUTHORITY_HOST`, with a
-//! throwaway CA the broker trusts through `SSL_CERT_FILE`). Token lifetimes are adjustable
-//! while running, so one fake serves both the cold-start and the fast-clock steady-state runs.
+//! The cloud endpoints the bench's brokers reach, on the test harness's fakes
+//! ([`credbroker_tests::FakeHttps`] and its STS, GCE metadata and Entra answers), each
+//! answering a credential call after a fixed delay (the issue's 200 ms) and counting them:
+//! AWS STS `AssumeRole` (plain HTTP at `AWS_ENDPOINT_URL_STS`), the GCE metadata server's
+//! token (plain HTTP at `GCE_METADATA_HOST`), and Entra ID's token endpoint (HTTPS at
+//! `AZURE_AUTHORITY_HOST`, with a throwaway CA the broker trusts through `SSL_CERT_FILE`).
+//! Token lifetimes are adjustable while running, so one fake serves both the cold-start and
+//! the fast-clock steady-state runs.
 //!
 //! The scenarios see only [`Clouds`]: the three fakes, their call counts and the broker
-//! environment that points at them. What listens is [`server`], behind the one `use` below.
-
-mod server;
+//! environment that points at them.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-// The listener under the fakes, in the shape of the test harness's: once the harness has
-// its `FakeHttps`, this line becomes `use credbroker_tests::{FakeHttps, Reply, Seen};` and
-// `mod server` (server.rs) goes.
-use server::{FakeHttps, Reply, Seen};
+use credbroker_tests::fakes::{entra, gce_metadata, sts};
+use credbroker_tests::{FakeHttps, Reply, Seen};
 
 /// The three fake clouds a run's brokers are pointed at.
 #[derive(Debug)]
@@ -147,8 +145,8 @@ impl State {
             Kind::Sts => req.method == "POST" && req.body.contains("Action=AssumeRole"),
             Kind::Metadata => {
                 req.method == "GET"
-                    && req.path == "/computeMetadata/v1/instance/service-accounts/default/token"
-                    && req.headers.get("metadata-flavor").map(String::as_str) == Some("Google")
+                    && req.path == gce_metadata::METADATA_TOKEN_PATH
+                    && req.header("metadata-flavor") == Some("Google")
             }
             Kind::Entra => req.method == "POST" && req.path.ends_with("/oauth2/v2.0/token"),
         };
@@ -157,46 +155,17 @@ impl State {
         }
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         let life = self.lifetime_s.load(Ordering::SeqCst);
-        let (content_type, body) = match self.kind {
-            Kind::Sts => ("text/xml", assume_role_ok(n, life)),
-            Kind::Metadata => (
-                "application/json",
-                serde_json::json!({"access_token": format!("ya29.bench-{n}"), "expires_in": life, "token_type": "Bearer"})
-                    .to_string(),
-            ),
-            Kind::Entra => (
-                "application/json",
-                serde_json::json!({"token_type": "Bearer", "expires_in": life, "ext_expires_in": life,
-                                   "access_token": format!("entra-bench-{n}")})
-                .to_string(),
-            ),
+        let reply = match self.kind {
+            Kind::Sts => Reply::new(
+                200,
+                sts::assume_role_ok(n as usize, Duration::from_secs(life)),
+            )
+            .header("content-type", "text/xml"),
+            Kind::Metadata => {
+                Reply::from(gce_metadata::token_body(&format!("ya29.bench-{n}"), life))
+            }
+            Kind::Entra => entra::token_reply(&format!("entra-bench-{n}"), life),
         };
-        Reply::new(200, body)
-            .header("content-type", content_type)
-            .after(self.delay)
+        reply.after(self.delay)
     }
-}
-
-fn assume_role_ok(n: u64, life_s: u64) -> String {
-    let expiration = time::OffsetDateTime::now_utc() + Duration::from_secs(life_s);
-    let expiration = expiration
-        .format(&time::format_description::well_known::Rfc3339)
-        .expect("format");
-    format!(
-        r#"<AssumeRoleResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
-  <AssumeRoleResult>
-    <AssumedRoleUser>
-      <AssumedRoleId>AROABENCH:credbroker</AssumedRoleId>
-      <Arn>arn:aws:sts::111122223333:assumed-role/kueue/credbroker</Arn>
-    </AssumedRoleUser>
-    <Credentials>
-      <AccessKeyId>ASIABENCH{n:011}</AccessKeyId>
-      <SecretAccessKey>bench-secret-{n}</SecretAccessKey>
-      <SessionToken>bench-session-token-{n}</SessionToken>
-      <Expiration>{expiration}</Expiration>
-    </Credentials>
-  </AssumeRoleResult>
-  <ResponseMetadata><RequestId>req-{n}</RequestId></ResponseMetadata>
-</AssumeRoleResponse>"#
-    )
 }
