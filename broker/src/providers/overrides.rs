@@ -17,7 +17,9 @@
 
 use std::borrow::Cow;
 
-use crate::config::{ProviderConfig, ProviderKind, SecretFormat, TemplatePart, template_parts};
+use crate::config::values::{ProviderKind, TemplatePart, template_parts};
+use crate::config::{ProviderConfig, ProviderSpec};
+use crate::providers::kubernetes_secret::config::SecretFormat;
 use crate::request::TokenRequest;
 use crate::text::quote;
 
@@ -121,13 +123,10 @@ pub fn selector_keys(config: &ProviderConfig) -> Vec<Selector> {
             })
             .collect()
     };
-    match config.kind {
-        ProviderKind::Aws => fixed(AWS_KEYS),
-        ProviderKind::Azure => fixed(AZURE_KEYS),
-        ProviderKind::KubernetesSecret => {
-            let Some(section) = &config.kubernetes_secret else {
-                return Vec::new();
-            };
+    match &config.spec {
+        ProviderSpec::Aws(_) => fixed(AWS_KEYS),
+        ProviderSpec::Azure(_) => fixed(AZURE_KEYS),
+        ProviderSpec::KubernetesSecret(section) => {
             let mut keys = fixed(KUBERNETES_SECRET_KEYS);
             if section.format != SecretFormat::Kubeconfig {
                 keys.retain(|k| k.name != "context");
@@ -146,47 +145,34 @@ pub fn selector_keys(config: &ProviderConfig) -> Vec<Selector> {
             }
             keys
         }
-        ProviderKind::Gcp | ProviderKind::Exec | ProviderKind::File => Vec::new(),
+        ProviderSpec::Gcp(_) | ProviderSpec::Exec(_) | ProviderSpec::File(_) => Vec::new(),
     }
 }
 
 /// What the provider uses for `key` when the cluster does not say: a cluster repeating it is
 /// not an override.
 fn provider_value<'a>(config: &'a ProviderConfig, key: &str) -> Option<&'a str> {
-    match config.kind {
-        ProviderKind::Aws => {
-            let aws = config.aws.as_ref();
-            match key {
-                "roleArn" => aws?.role_arn.as_deref(),
-                "externalId" => aws?.external_id.as_deref(),
-                "sessionName" => aws
-                    .and_then(|a| a.session_name.as_deref())
-                    .or(DEFAULT_AWS_SESSION_NAME),
-                _ => None,
-            }
-        }
-        ProviderKind::Azure => {
-            let azure = config.azure.as_ref();
-            match key {
-                "tenantId" => azure?.tenant_id.as_deref(),
-                "serverId" => azure
-                    .and_then(|a| a.server_id.as_deref())
-                    .or(DEFAULT_AZURE_SERVER_ID),
-                _ => None,
-            }
-        }
-        ProviderKind::KubernetesSecret => {
-            let section = config.kubernetes_secret.as_ref()?;
-            match key {
-                "key" => Some(&section.key),
-                "context" => section.context.as_deref(),
-                placeholder => section
-                    .template_defaults
-                    .get(placeholder)
-                    .map(String::as_str),
-            }
-        }
-        ProviderKind::Gcp | ProviderKind::Exec | ProviderKind::File => None,
+    match &config.spec {
+        ProviderSpec::Aws(aws) => match key {
+            "roleArn" => aws.role_arn.as_deref(),
+            "externalId" => aws.external_id.as_deref(),
+            "sessionName" => aws.session_name.as_deref().or(DEFAULT_AWS_SESSION_NAME),
+            _ => None,
+        },
+        ProviderSpec::Azure(azure) => match key {
+            "tenantId" => azure.tenant_id.as_deref(),
+            "serverId" => azure.server_id.as_deref().or(DEFAULT_AZURE_SERVER_ID),
+            _ => None,
+        },
+        ProviderSpec::KubernetesSecret(section) => match key {
+            "key" => Some(&section.key),
+            "context" => section.context.as_deref(),
+            placeholder => section
+                .template_defaults
+                .get(placeholder)
+                .map(String::as_str),
+        },
+        ProviderSpec::Gcp(_) | ProviderSpec::Exec(_) | ProviderSpec::File(_) => None,
     }
 }
 
@@ -269,7 +255,7 @@ pub fn validate(config: &ProviderConfig) -> Result<(), (String, String)> {
         return Ok(());
     }
     let keys = selector_keys(config);
-    let kind = config.kind;
+    let kind = config.kind();
     for (name, patterns) in &config.allow_overrides {
         let at = format!("allowOverrides.{name}");
         if !keys.iter().any(|k| k.name == name.as_str()) {
