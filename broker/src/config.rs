@@ -20,7 +20,7 @@ use crate::providers::kubernetes_secret::config as kubernetes_secret;
 pub mod values;
 mod yaml;
 
-pub use values::{ConfigDuration, ProviderKind};
+pub use values::{ConfigDuration, ProviderKind, Selector};
 pub use yaml::{MAX_CONFIG_BYTES, MAX_EXPANDED_BYTES};
 
 /// Where the shim looks when neither `--socket` nor `CREDBROKER_SOCKET` is given (the design's
@@ -383,6 +383,31 @@ impl ProviderSpec {
         }
     }
 
+    /// The per-cluster keys of this entry that select an identity or a secret, as each type's
+    /// config module declares them (`OVERRIDE_KEYS`, and kubernetesSecret's name
+    /// placeholders): what `allowOverrides` may name and `providers::overrides` checks.
+    pub fn selector_keys(&self) -> Vec<Selector> {
+        match self {
+            Self::Aws(_) => aws::OVERRIDE_KEYS.iter().map(Selector::from).collect(),
+            Self::Azure(_) => azure::OVERRIDE_KEYS.iter().map(Selector::from).collect(),
+            Self::KubernetesSecret(secret) => secret.selector_keys(),
+            Self::Gcp(_) | Self::Exec(_) | Self::File(_) => Vec::new(),
+        }
+    }
+
+    /// The per-cluster keys of this type that only describe or locate the cluster: always
+    /// allowed, listed so that `allowOverrides` naming one gets a precise answer.
+    pub fn locating_keys(&self) -> &'static [&'static str] {
+        match self {
+            Self::Aws(_) => aws::LOCATING_KEYS,
+            Self::Azure(_) => azure::LOCATING_KEYS,
+            Self::KubernetesSecret(_) => kubernetes_secret::LOCATING_KEYS,
+            Self::Gcp(_) => gcp::LOCATING_KEYS,
+            Self::Exec(_) => exec::LOCATING_KEYS,
+            Self::File(_) => file::LOCATING_KEYS,
+        }
+    }
+
     /// Checks the section; the returned path is relative to the provider entry.
     fn validate(&self) -> Result<(), (String, String)> {
         let checked = match self {
@@ -494,8 +519,75 @@ impl ProviderEntry {
             allow_overrides: self.allow_overrides,
             spec,
         };
-        crate::providers::overrides::validate(&config)?;
+        config.validate_allow_overrides()?;
         Ok(config)
+    }
+}
+
+impl ProviderConfig {
+    /// Checks `allowOverrides` against the type's selector keys; the returned path is
+    /// relative to the entry. Works from the config alone (not the built provider), so
+    /// `check-config` validates it for every type, compiled in or not.
+    fn validate_allow_overrides(&self) -> Result<(), (String, String)> {
+        if self.allow_overrides.is_empty() {
+            return Ok(());
+        }
+        let keys = self.spec.selector_keys();
+        let kind = self.kind();
+        for (name, patterns) in &self.allow_overrides {
+            let at = format!("allowOverrides.{name}");
+            if !keys.iter().any(|k| k.name == name.as_str()) {
+                let message = if self.spec.locating_keys().contains(&name.as_str()) {
+                    format!(
+                        "{name} only locates the cluster and is always allowed; remove it from allowOverrides"
+                    )
+                } else if keys.is_empty() {
+                    format!(
+                        "type {kind} has no per-cluster keys that select an identity or a secret, so nothing can be allowed; remove allowOverrides"
+                    )
+                } else {
+                    let list: Vec<&str> = keys.iter().map(|k| k.name.as_ref()).collect();
+                    format!(
+                        "{name:?} is not a per-cluster key that provider type {kind} lets a cluster override{}; the overridable keys are: {}",
+                        if kind == ProviderKind::KubernetesSecret {
+                            " (its keys are key, context with format: kubeconfig, and the nameTemplate's placeholders other than clusterName)"
+                        } else {
+                            ""
+                        },
+                        list.join(", ")
+                    )
+                };
+                return Err((at, message));
+            }
+            if patterns.is_empty() {
+                return Err((
+                    at,
+                    format!(
+                        "must list at least one glob pattern (* and ?), like [\"{}\"]; leave {name} out to refuse every per-cluster value",
+                        example_pattern(name)
+                    ),
+                ));
+            }
+            for (i, pattern) in patterns.iter().enumerate() {
+                if pattern.is_empty() || pattern.chars().any(char::is_control) {
+                    return Err((
+                        format!("{at}[{i}]"),
+                        "a pattern is a non-empty line of text (no control characters)".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A pattern to suggest for `allowOverrides.<key>` in an error.
+fn example_pattern(key: &str) -> &'static str {
+    match key {
+        "roleArn" => "arn:aws:iam::111122223333:role/kueue-*",
+        "tenantId" => "11111111-2222-3333-4444-555555555555",
+        "serverId" => "6dae42f8-4368-4678-94ff-3960e28e3630",
+        _ => "team-*",
     }
 }
 

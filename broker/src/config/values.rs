@@ -3,6 +3,7 @@
 //! provider's section can use a duration or a name check without reaching back into the
 //! module that names it.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
@@ -145,4 +146,33 @@ pub fn is_secret_key(key: &str) -> bool {
         && key
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// A per-cluster key that selects an identity or a secret (see `providers::overrides`): each
+/// provider type's config module lists its own (`OVERRIDE_KEYS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SelectorKey {
+    pub name: &'static str,
+    /// What the key picks, for the refusal message.
+    pub selects: &'static str,
+    /// The value may be a secret (an AWS external id): never echoed in a message.
+    pub secret: bool,
+}
+
+/// A selector key of one provider entry (a placeholder's name is not `'static`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selector {
+    pub name: Cow<'static, str>,
+    pub selects: &'static str,
+    pub secret: bool,
+}
+
+impl From<&SelectorKey> for Selector {
+    fn from(key: &SelectorKey) -> Self {
+        Self {
+            name: Cow::Borrowed(key.name),
+            selects: key.selects,
+            secret: key.secret,
+        }
+    }
 }

@@ -4,6 +4,31 @@
 
 use serde::Deserialize;
 
+use crate::config::values::SelectorKey;
+
+/// The per-cluster keys that select who the broker is (see `providers::overrides`): each
+/// of these changes the principal the token is signed as.
+pub const OVERRIDE_KEYS: &[SelectorKey] = &[
+    SelectorKey {
+        name: "roleArn",
+        selects: "the IAM role the broker assumes with its own credentials",
+        secret: false,
+    },
+    SelectorKey {
+        name: "externalId",
+        selects: "the ExternalId sent with AssumeRole (the role owner's guard against confused deputies)",
+        secret: true,
+    },
+    SelectorKey {
+        name: "sessionName",
+        selects: "the role session name (trust policies and EKS username mappings can key on it)",
+        secret: false,
+    },
+];
+
+/// The per-cluster keys that only describe or locate the cluster: always allowed.
+pub const LOCATING_KEYS: &[&str] = &["clusterName", "clusterId", "region"];
+
 /// `type: aws`: EKS tokens signed with credentials from the AWS SDK's default chain,
 /// optionally through an assumed role. Every key is a default a cluster's exec extension
 /// may override (`region`, `roleArn`, `externalId`, `sessionName`), except `stsEndpoint`.

@@ -7,6 +7,29 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::config::values::SelectorKey;
+
+/// The per-cluster keys that select who the broker is (see `providers::overrides`): the
+/// tenant picks the directory the identity signs into; the server id picks the
+/// token's audience, and since the same ClusterProfile writer also picks the server the token
+/// is sent to, an audience of their choosing hands them a token for any Entra application the
+/// broker's identity can reach.
+pub const OVERRIDE_KEYS: &[SelectorKey] = &[
+    SelectorKey {
+        name: "tenantId",
+        selects: "the Entra tenant the token is issued in",
+        secret: false,
+    },
+    SelectorKey {
+        name: "serverId",
+        selects: "the token's audience (a token for that Entra application, sent to the server the ClusterProfile names)",
+        secret: false,
+    },
+];
+
+/// The per-cluster keys that only describe or locate the cluster: always allowed.
+pub const LOCATING_KEYS: &[&str] = &["clusterName"];
+
 /// `type: azure`: Entra ID (AAD) tokens for AKS clusters with Entra ID integration. Every
 /// key is optional: with none, `credential: auto` on the pod's environment and the AKS AAD
 /// server application as the audience. `serverId` and `tenantId` are defaults a cluster's

@@ -9,6 +9,11 @@ use serde::Deserialize;
 
 use crate::config::values::{ConfigDuration, UPSTREAM_TIMEOUT};
 
+/// None: a wrapped plugin gets the cluster config as client-go would give it, and what the
+/// plugin makes of it is the plugin's policy, as it is without the broker. So no key is an
+/// override either: every key passes.
+pub const LOCATING_KEYS: &[&str] = &[];
+
 /// client-go's own default wait for an exec plugin is none; 30 s matches the shim's default
 /// `--timeout`, so a wrapped plugin never outlives the caller waiting for it.
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(30);

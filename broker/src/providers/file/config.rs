@@ -8,6 +8,9 @@ use serde::Deserialize;
 
 use crate::config::values::ConfigDuration;
 
+/// The per-cluster keys that only describe or locate the cluster: always allowed.
+pub const LOCATING_KEYS: &[&str] = &["clusterName"];
+
 /// A file token that is not a JWT carries no expiry; it is re-read after this long (and
 /// earlier whenever the file changes).
 pub const DEFAULT_FILE_LIFETIME: Duration = Duration::from_secs(60 * 60);

@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+/// The per-cluster keys that only describe or locate the cluster: always allowed.
+pub const LOCATING_KEYS: &[&str] = &["clusterName"];
+
 /// `type: gcp`. Every field is optional: with none, Application Default Credentials and the
 /// scopes `gke-gcloud-auth-plugin` asks for.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]

@@ -10,7 +10,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::config::values::{
-    ConfigDuration, TemplatePart, is_dns_label, is_placeholder_name, is_secret_key, template_parts,
+    ConfigDuration, Selector, SelectorKey, TemplatePart, is_dns_label, is_placeholder_name,
+    is_secret_key, template_parts,
 };
 
 /// A Secret token that is not a JWT carries no expiry; client-go is told to come back after
@@ -22,6 +23,30 @@ pub const DEFAULT_SECRET_LIFETIME: Duration = Duration::from_secs(60 * 60);
 pub const DEFAULT_SECRET_KEY: &str = "token";
 /// secretreader's layout: one Secret per cluster, named after the ClusterProfile.
 pub const DEFAULT_SECRET_NAME_TEMPLATE: &str = "{clusterName}";
+
+/// The per-cluster keys that select which part of which Secret is served (see
+/// `providers::overrides`). Name placeholders other than `clusterName` (see
+/// [`Config::selector_keys`]) pick the Secret itself.
+pub const OVERRIDE_KEYS: &[SelectorKey] = &[
+    SelectorKey {
+        name: "key",
+        selects: "the data key of the Secret that is read",
+        secret: false,
+    },
+    SelectorKey {
+        name: "context",
+        selects: "the kubeconfig context whose user's credential is served",
+        secret: false,
+    },
+];
+
+/// What a name placeholder other than `clusterName` selects.
+const PLACEHOLDER_SELECTS: &str = "part of the name of the Secret that is read";
+
+/// The per-cluster keys that only describe or locate the cluster: always allowed. The
+/// provider watches one namespace and refuses any other, so `namespace` cannot select a
+/// Secret outside it.
+pub const LOCATING_KEYS: &[&str] = &["clusterName", "namespace"];
 
 /// Credentials kept in Secrets of one namespace of the cluster the broker runs in (or the
 /// one a development kubeconfig points at), one Secret per worker cluster.
@@ -83,6 +108,29 @@ fn default_secret_lifetime() -> ConfigDuration {
 }
 
 impl Config {
+    /// The selector keys of this entry: [`OVERRIDE_KEYS`] (`context` only with
+    /// `format: kubeconfig`, the only format that reads it) and the name placeholders other
+    /// than `clusterName`.
+    pub fn selector_keys(&self) -> Vec<Selector> {
+        let mut keys: Vec<Selector> = OVERRIDE_KEYS.iter().map(Selector::from).collect();
+        if self.format != SecretFormat::Kubeconfig {
+            keys.retain(|k| k.name != "context");
+        }
+        for part in template_parts(&self.name_template).unwrap_or_default() {
+            if let TemplatePart::Placeholder(name) = part
+                && name != "clusterName"
+                && !keys.iter().any(|k| k.name == name)
+            {
+                keys.push(Selector {
+                    name: name.into(),
+                    selects: PLACEHOLDER_SELECTS,
+                    secret: false,
+                });
+            }
+        }
+        keys
+    }
+
     /// Checks the fields; the returned path is relative to the `kubernetesSecret` section.
     pub(crate) fn validate(&self) -> Result<(), (String, String)> {
         if !is_dns_label(&self.namespace) {
