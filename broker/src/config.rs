@@ -329,7 +329,7 @@ pub struct MetricsConfig {
 
 /// One named provider: what the shim's `--provider` names.
 ///
-/// Not `Deserialize` itself: an entry is read as written ([`ProviderEntry`]: `type:` and one
+/// Not `Deserialize` itself: an entry is read as written (`ProviderEntry`: `type:` and one
 /// optional section per type) and turned into a [`ProviderSpec`] while the file is validated.
 /// serde's tagged enums cannot keep the config's messages: a section of another type would
 /// be reported as an unknown field instead of "a exec section on a provider of type aws",
