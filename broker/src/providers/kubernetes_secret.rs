@@ -29,9 +29,9 @@ use serde_json::Value;
 use crate::config::values::{
     ProviderKind, TemplatePart, is_dns_subdomain, is_secret_key, template_parts,
 };
+use crate::request::TokenRequest;
 
 use self::config::{Config as KubernetesSecretConfig, SecretFormat};
-use crate::request::TokenRequest;
 
 use super::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Secret as Hidden};
 
