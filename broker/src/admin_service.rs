@@ -219,7 +219,7 @@ impl AdminService for AdminApi {
                 let health = self.broker.health().get(&c.config.name);
                 ProviderStatus {
                     name: c.config.name.clone(),
-                    r#type: c.config.kind.as_str().to_owned(),
+                    r#type: c.config.kind().as_str().to_owned(),
                     ready: c.provider.available() && !health.failing,
                     last_success: health.last_success.map(timestamp),
                     last_error: health

@@ -47,9 +47,9 @@ pub const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// ± this fraction of each backoff, so entries that failed together retry apart.
 pub const BACKOFF_JITTER: f64 = 0.2;
-/// Twice the shim's default wait: a slow upstream still fills the cache for the next caller,
-/// a stuck one frees its entry for a new attempt.
-pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the cache waits for any upstream call. Defined with the config's shared values,
+/// since provider sections (an exec plugin's `timeout`) are checked against it.
+pub use crate::config::values::UPSTREAM_TIMEOUT;
 /// No credential is scheduled as living longer than this, whatever its expiry says (a JWT
 /// `exp` in the year 9999, a plugin's far-off `expirationTimestamp`): it is refreshed by half
 /// of it and served at most until then. A day is longer than any cloud token (Azure managed

@@ -1,15 +1,26 @@
-//! The broker's YAML configuration: parsing (camelCase keys, unknown keys rejected with their
-//! path), defaults, and validation. Nothing here touches the network or the socket.
+//! The broker's YAML configuration: the top level (socket, cache, limits, metrics, rate
+//! limit), loading, and errors that name the YAML path. Camel-case keys; unknown keys are
+//! rejected with their path. Each provider type's section, its defaults and its checks live
+//! in the provider's own `providers::<type>::config` module; value types both sides use are in
+//! [`values`]. Nothing here touches the network or the socket.
 
 use std::collections::{BTreeMap, HashSet};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::providers::aws::config as aws;
+use crate::providers::azure::config as azure;
+use crate::providers::exec::config as exec;
+use crate::providers::file::config as file;
+use crate::providers::gcp::config as gcp;
+use crate::providers::kubernetes_secret::config as kubernetes_secret;
+
+pub mod values;
 mod yaml;
 
+pub use values::{ConfigDuration, ProviderKind, Selector};
 pub use yaml::{MAX_CONFIG_BYTES, MAX_EXPANDED_BYTES};
 
 /// Where the shim looks when neither `--socket` nor `CREDBROKER_SOCKET` is given (the design's
@@ -40,53 +51,6 @@ pub const DEFAULT_MAX_CONCURRENT_FETCHES: usize = 16;
 /// Above this the cap stops meaning anything: each exec fetch holds a process and its pipes,
 /// and 4 096 is already eight times a common soft fd limit.
 pub const MAX_CONCURRENT_FETCHES_CEILING: usize = 4096;
-/// client-go's own default wait for an exec plugin is none; 30 s matches the shim's default
-/// `--timeout`, so a wrapped plugin never outlives the caller waiting for it.
-pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(30);
-/// A wrapped plugin that prints no `expirationTimestamp` is run again after this long: the
-/// lifetime of an EKS token, the shortest of the common cloud tokens.
-pub const DEFAULT_EXEC_LIFETIME: Duration = Duration::from_secs(15 * 60);
-/// A file token that is not a JWT carries no expiry; it is re-read after this long (and
-/// earlier whenever the file changes).
-pub const DEFAULT_FILE_LIFETIME: Duration = Duration::from_secs(60 * 60);
-/// A Secret token that is not a JWT carries no expiry; client-go is told to come back after
-/// half of this (the cache's refresh rule). A rotated Secret is served at once through the
-/// watch whatever this says, so it only bounds how long a caller keeps a token unasked.
-pub const DEFAULT_SECRET_LIFETIME: Duration = Duration::from_secs(60 * 60);
-/// cluster-inventory-api's secretreader plugin (KEP-5339) reads this key, and OCM's
-/// managed-serviceaccount token Secrets hold the token under it too.
-pub const DEFAULT_SECRET_KEY: &str = "token";
-/// secretreader's layout: one Secret per cluster, named after the ClusterProfile.
-pub const DEFAULT_SECRET_NAME_TEMPLATE: &str = "{clusterName}";
-/// The ExecCredential version most plugins speak; older ones speak only v1beta1.
-pub const DEFAULT_EXEC_API_VERSION: &str = EXEC_API_V1;
-/// What a wrapped plugin gets from the broker's environment unless `exec.passEnv` adds more
-/// (or `exec.inheritEnv: true` passes everything): enough to run helpers (PATH, HOME, locale,
-/// temp dir), to reach upstreams the way the broker does (proxies, extra CAs) and to find the
-/// API server it runs in (what in-cluster config reads). Cloud credentials (AWS_*, AZURE_*,
-/// GOOGLE_*) are not on it: a wrapped plugin is third-party code, and the broker's
-/// environment can hold the secrets of its other providers.
-pub const DEFAULT_EXEC_PASS_ENV: &[&str] = &[
-    "PATH",
-    "HOME",
-    "USER",
-    "LANG",
-    "LC_ALL",
-    "TZ",
-    "TMPDIR",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "KUBERNETES_SERVICE_HOST",
-    "KUBERNETES_SERVICE_PORT",
-];
-pub const EXEC_API_V1: &str = "client.authentication.k8s.io/v1";
-pub const EXEC_API_V1BETA1: &str = "client.authentication.k8s.io/v1beta1";
 
 /// The configuration used by `credbroker serve` without `--config`: one provider per cloud on
 /// that cloud's ambient credentials.
@@ -109,22 +73,34 @@ pub enum ConfigError {
     },
 }
 
-/// The whole configuration file.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+/// The whole configuration, validated ([`Config::parse`], [`Config::load`]).
+#[derive(Debug, Clone)]
 pub struct Config {
-    #[serde(default)]
     pub socket: SocketConfig,
-    #[serde(default)]
     pub cache: CacheConfig,
-    #[serde(default)]
     pub metrics: Option<MetricsConfig>,
-    #[serde(default)]
     pub rate_limit: RateLimitConfig,
-    #[serde(default)]
     pub limits: LimitsConfig,
-    #[serde(default)]
     pub providers: Vec<ProviderConfig>,
+}
+
+/// The file as written: [`Config`] with its provider entries not yet checked
+/// ([`ProviderEntry`]); [`ConfigFile::validate`] turns it into a `Config`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ConfigFile {
+    #[serde(default)]
+    socket: SocketConfig,
+    #[serde(default)]
+    cache: CacheConfig,
+    #[serde(default)]
+    metrics: Option<MetricsConfig>,
+    #[serde(default)]
+    rate_limit: RateLimitConfig,
+    #[serde(default)]
+    limits: LimitsConfig,
+    #[serde(default)]
+    providers: Vec<ProviderEntry>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -352,817 +328,266 @@ pub struct MetricsConfig {
 }
 
 /// One named provider: what the shim's `--provider` names.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+///
+/// Not `Deserialize` itself: an entry is read as written (`ProviderEntry`: `type:` and one
+/// optional section per type) and turned into a [`ProviderSpec`] while the file is validated.
+/// serde's tagged enums cannot keep the config's messages: a section of another type would
+/// be reported as an unknown field instead of "a exec section on a provider of type aws",
+/// a missing section would not be named at `providers[0].exec`, and errors inside an
+/// internally tagged or flattened entry lose their YAML path (`providers[0].exec.timeout`)
+/// because serde buffers the entry before it picks the variant.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ProviderConfig {
     pub name: String,
-    #[serde(rename = "type")]
-    pub kind: ProviderKind,
-    #[serde(default)]
-    pub aws: Option<AwsConfig>,
-    #[serde(default)]
-    pub gcp: Option<GcpConfig>,
-    #[serde(default)]
-    pub azure: Option<AzureConfig>,
-    #[serde(default)]
-    pub exec: Option<ExecConfig>,
-    #[serde(default)]
-    pub file: Option<FileConfig>,
-    #[serde(default)]
-    pub kubernetes_secret: Option<KubernetesSecretConfig>,
     /// Per-cluster keys that select an identity or a secret, and the glob patterns of the
     /// values a cluster's exec extension may set them to; any other value is refused
     /// (`providers::overrides`). Empty: every such per-cluster key is refused.
-    #[serde(default)]
     pub allow_overrides: BTreeMap<String, Vec<String>>,
+    /// The type and its section.
+    pub spec: ProviderSpec,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub enum ProviderKind {
-    Aws,
-    Gcp,
-    Azure,
-    Exec,
-    File,
-    KubernetesSecret,
+impl ProviderConfig {
+    /// The provider's `type:`.
+    pub fn kind(&self) -> ProviderKind {
+        self.spec.kind()
+    }
 }
 
-impl ProviderKind {
-    /// Whether this build can serve the type (cloud types are Cargo features).
-    pub fn built_in(self) -> bool {
+/// A provider's type and its section, owned by the provider's own config module
+/// (`providers::<type>::config`). Those modules compile in every build, so a broker built
+/// without a type still parses, checks and explains an entry of that type.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProviderSpec {
+    Exec(exec::Config),
+    File(file::Config),
+    /// A missing `aws:` section is the default one (the SDK's chain, regional STS).
+    Aws(aws::Config),
+    /// A missing `gcp:` section is the default one (ADC, the default scopes).
+    Gcp(gcp::Config),
+    /// A missing `azure:` section is the default one (`credential: auto`, AKS's server id).
+    Azure(azure::Config),
+    KubernetesSecret(kubernetes_secret::Config),
+}
+
+impl ProviderSpec {
+    /// The `type:` this section belongs to.
+    pub fn kind(&self) -> ProviderKind {
         match self {
-            Self::Exec | Self::File => true,
-            Self::Aws => cfg!(feature = "aws"),
-            Self::Gcp => cfg!(feature = "gcp"),
-            Self::Azure => cfg!(feature = "azure"),
-            Self::KubernetesSecret => cfg!(feature = "kubernetes-secret"),
+            Self::Exec(_) => ProviderKind::Exec,
+            Self::File(_) => ProviderKind::File,
+            Self::Aws(_) => ProviderKind::Aws,
+            Self::Gcp(_) => ProviderKind::Gcp,
+            Self::Azure(_) => ProviderKind::Azure,
+            Self::KubernetesSecret(_) => ProviderKind::KubernetesSecret,
         }
     }
 
-    /// The name used in the config (`type:`) and in the section key.
-    pub fn as_str(self) -> &'static str {
+    /// The per-cluster keys of this entry that select an identity or a secret, as each type's
+    /// config module declares them (`OVERRIDE_KEYS`, and kubernetesSecret's name
+    /// placeholders): what `allowOverrides` may name and `providers::overrides` checks.
+    pub fn selector_keys(&self) -> Vec<Selector> {
         match self {
-            Self::Aws => "aws",
-            Self::Gcp => "gcp",
-            Self::Azure => "azure",
-            Self::Exec => "exec",
-            Self::File => "file",
-            Self::KubernetesSecret => "kubernetesSecret",
+            Self::Aws(_) => aws::OVERRIDE_KEYS.iter().map(Selector::from).collect(),
+            Self::Azure(_) => azure::OVERRIDE_KEYS.iter().map(Selector::from).collect(),
+            Self::KubernetesSecret(secret) => secret.selector_keys(),
+            Self::Gcp(_) | Self::Exec(_) | Self::File(_) => Vec::new(),
         }
     }
-}
 
-impl fmt::Display for ProviderKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+    /// The per-cluster keys of this type that only describe or locate the cluster: always
+    /// allowed, listed so that `allowOverrides` naming one gets a precise answer.
+    pub fn locating_keys(&self) -> &'static [&'static str] {
+        match self {
+            Self::Aws(_) => aws::LOCATING_KEYS,
+            Self::Azure(_) => azure::LOCATING_KEYS,
+            Self::KubernetesSecret(_) => kubernetes_secret::LOCATING_KEYS,
+            Self::Gcp(_) => gcp::LOCATING_KEYS,
+            Self::Exec(_) => exec::LOCATING_KEYS,
+            Self::File(_) => file::LOCATING_KEYS,
+        }
     }
-}
 
-/// `type: aws`: EKS tokens signed with credentials from the AWS SDK's default chain,
-/// optionally through an assumed role. Every key is a default a cluster's exec extension
-/// may override (`region`, `roleArn`, `externalId`, `sessionName`), except `stsEndpoint`.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct AwsConfig {
-    /// Region of the clusters' STS endpoint, when a cluster names none.
-    pub region: Option<String>,
-    /// Role to assume (with the chain's credentials) before signing.
-    pub role_arn: Option<String>,
-    /// `ExternalId` for AssumeRole, when the role's trust policy requires one.
-    pub external_id: Option<String>,
-    /// `RoleSessionName` for AssumeRole (shows up in CloudTrail).
-    pub session_name: Option<String>,
-    /// Which STS host the token names (default regional).
-    pub sts_endpoint: Option<AwsStsEndpoint>,
-}
-
-/// Which STS endpoint an EKS token is presigned for.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub enum AwsStsEndpoint {
-    /// `sts.<region>.amazonaws.com`: what `aws eks get-token` uses, and the only kind that
-    /// works in opt-in regions.
-    #[default]
-    Regional,
-    /// `sts.amazonaws.com` (signed for us-east-1), for authenticators configured for it only.
-    Global,
-}
-
-/// IAM's limits for `RoleSessionName` and `ExternalId` (AssumeRole API reference).
-const AWS_SESSION_NAME_LEN: std::ops::RangeInclusive<usize> = 2..=64;
-const AWS_EXTERNAL_ID_LEN: std::ops::RangeInclusive<usize> = 2..=1224;
-/// Longest region name in use is 14 characters (ap-southeast-1); room for future ones.
-const AWS_REGION_MAX_LEN: usize = 32;
-
-impl AwsConfig {
+    /// Checks the section; the returned path is relative to the provider entry.
     fn validate(&self) -> Result<(), (String, String)> {
-        let checks = [
-            (
-                "region",
-                self.region.as_deref(),
-                Self::check_region as fn(&str) -> _,
-            ),
-            ("roleArn", self.role_arn.as_deref(), Self::check_role_arn),
-            (
-                "externalId",
-                self.external_id.as_deref(),
-                Self::check_external_id,
-            ),
-            (
-                "sessionName",
-                self.session_name.as_deref(),
-                Self::check_session_name,
-            ),
-        ];
-        for (field, value, check) in checks {
-            if let Some(value) = value {
-                check(value).map_err(|m| (field.to_owned(), m))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// A region name such as `us-west-2`. It becomes part of a host name, so nothing else.
-    pub fn check_region(region: &str) -> Result<(), String> {
-        let ok = !region.is_empty()
-            && region.len() <= AWS_REGION_MAX_LEN
-            && region
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !region.starts_with('-')
-            && !region.ends_with('-');
-        if ok {
-            Ok(())
-        } else {
-            Err(format!(
-                "{region:?} is not an AWS region name like us-west-2"
-            ))
-        }
-    }
-
-    /// An IAM role ARN: `arn:<partition>:iam::<12-digit account>:role/<path/name>`.
-    pub fn check_role_arn(arn: &str) -> Result<(), String> {
-        let parts: Vec<&str> = arn.splitn(6, ':').collect();
-        let ok = parts.len() == 6
-            && parts[0] == "arn"
-            && !parts[1].is_empty()
-            && parts[2] == "iam"
-            && parts[3].is_empty()
-            && parts[4].len() == 12
-            && parts[4].bytes().all(|b| b.is_ascii_digit())
-            && parts[5].len() > "role/".len()
-            && parts[5].starts_with("role/");
-        if ok {
-            Ok(())
-        } else {
-            Err(format!(
-                "{arn:?} is not an IAM role ARN like arn:aws:iam::111122223333:role/name"
-            ))
-        }
-    }
-
-    /// IAM's rule for `ExternalId`: 2–1224 of `[\w+=,.@:/-]`.
-    pub fn check_external_id(id: &str) -> Result<(), String> {
-        if AWS_EXTERNAL_ID_LEN.contains(&id.len()) && id.bytes().all(|b| iam_char(b, b":/")) {
-            Ok(())
-        } else {
-            // The value may be a shared secret with the role's owner: never echo it.
-            Err("must be 2 to 1224 characters of letters, digits and +=,.@:/-_".into())
-        }
-    }
-
-    /// IAM's rule for `RoleSessionName`: 2–64 of `[\w+=,.@-]`.
-    pub fn check_session_name(name: &str) -> Result<(), String> {
-        if AWS_SESSION_NAME_LEN.contains(&name.len()) && name.bytes().all(|b| iam_char(b, b"")) {
-            Ok(())
-        } else {
-            Err(format!(
-                "{name:?} is not a session name: 2 to 64 characters of letters, digits and +=,.@-_"
-            ))
-        }
-    }
-}
-
-/// A character IAM allows in names and ids: `[\w+=,.@-]` plus `extra`.
-fn iam_char(b: u8, extra: &[u8]) -> bool {
-    b.is_ascii_alphanumeric() || b"_+=,.@-".contains(&b) || extra.contains(&b)
-}
-
-/// `type: gcp`. Every field is optional: with none, Application Default Credentials and the
-/// scopes `gke-gcloud-auth-plugin` asks for.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct GcpConfig {
-    /// OAuth2 scopes of the token; default cloud-platform and userinfo.email.
-    pub scopes: Option<Vec<String>>,
-    /// Service account whose token is handed out, bought with the ADC identity's token
-    /// (IAM Credentials `generateAccessToken`).
-    pub impersonate_service_account: Option<String>,
-    /// Impersonation chain between the ADC identity and `impersonateServiceAccount`.
-    pub delegates: Option<Vec<String>>,
-    /// A credentials JSON file (service-account key, external_account, ...) used instead of
-    /// the ADC search; e.g. a mounted Secret.
-    pub credentials_file: Option<PathBuf>,
-    /// Base URL of IAM Credentials for `impersonateServiceAccount` (Private Service Connect,
-    /// sovereign clouds); default `https://iamcredentials.googleapis.com`.
-    pub iam_credentials_endpoint: Option<String>,
-}
-
-impl GcpConfig {
-    /// Checks the fields; the returned path is relative to the `gcp` section.
-    fn validate(&self) -> Result<(), (String, String)> {
-        if let Some(scopes) = &self.scopes {
-            if scopes.is_empty() {
-                return Err((
-                    "scopes".into(),
-                    "must list at least one scope, or be left out for the defaults".into(),
-                ));
-            }
-            for (i, scope) in scopes.iter().enumerate() {
-                if scope.is_empty() || scope.chars().any(char::is_whitespace) {
-                    return Err((
-                        format!("scopes[{i}]"),
-                        format!(
-                            "{scope:?} is not a scope: one non-empty word without spaces, like https://www.googleapis.com/auth/cloud-platform"
-                        ),
-                    ));
-                }
-            }
-        }
-        let is_sa_email = |s: &str| {
-            let parts: Vec<&str> = s.split('@').collect();
-            parts.len() == 2
-                && !parts[0].is_empty()
-                && parts[1].contains('.')
-                && !s.contains(['/', ':', ' '])
+        let checked = match self {
+            Self::Exec(exec) => exec.validate(),
+            Self::File(file) => file.validate(),
+            Self::Aws(aws) => aws.validate(),
+            Self::Gcp(gcp) => gcp.validate(),
+            Self::Azure(azure) => azure.validate(),
+            Self::KubernetesSecret(secret) => secret.validate(),
         };
-        if let Some(target) = &self.impersonate_service_account
-            && !is_sa_email(target)
-        {
+        checked.map_err(|(field, message)| (format!("{}.{field}", self.kind()), message))
+    }
+}
+
+/// A `providers[]` entry as written: `type:` and a section per type, each optional, so a
+/// misplaced or missing section gets its own message at its own path (see [`ProviderConfig`]).
+/// The field order is the one serde lists in "expected one of" messages.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ProviderEntry {
+    name: String,
+    #[serde(rename = "type")]
+    kind: ProviderKind,
+    #[serde(default)]
+    aws: Option<aws::Config>,
+    #[serde(default)]
+    gcp: Option<gcp::Config>,
+    #[serde(default)]
+    azure: Option<azure::Config>,
+    #[serde(default)]
+    exec: Option<exec::Config>,
+    #[serde(default)]
+    file: Option<file::Config>,
+    #[serde(default)]
+    kubernetes_secret: Option<kubernetes_secret::Config>,
+    #[serde(default)]
+    allow_overrides: BTreeMap<String, Vec<String>>,
+}
+
+impl ProviderEntry {
+    /// Checks one entry and keeps the section its type uses; the returned path is relative
+    /// to the entry.
+    fn into_config(self) -> Result<ProviderConfig, (String, String)> {
+        let valid_name = !self.name.is_empty()
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !valid_name {
             return Err((
-                "impersonateServiceAccount".into(),
+                "name".into(),
                 format!(
-                    "{target:?} is not a service account email like kueue@my-project.iam.gserviceaccount.com"
+                    "{:?} is not a provider name: use letters, digits, '-', '_' or '.'",
+                    self.name
                 ),
             ));
         }
-        if let Some(delegates) = &self.delegates {
-            if self.impersonate_service_account.is_none() {
+        let sections = [
+            (ProviderKind::Aws, self.aws.is_some()),
+            (ProviderKind::Gcp, self.gcp.is_some()),
+            (ProviderKind::Azure, self.azure.is_some()),
+            (ProviderKind::Exec, self.exec.is_some()),
+            (ProviderKind::File, self.file.is_some()),
+            (
+                ProviderKind::KubernetesSecret,
+                self.kubernetes_secret.is_some(),
+            ),
+        ];
+        for (kind, present) in sections {
+            if present && kind != self.kind {
                 return Err((
-                    "delegates".into(),
-                    "delegates only apply with impersonateServiceAccount".into(),
+                    kind.as_str().into(),
+                    format!(
+                        "a {kind} section on a provider of type {}; move it to a provider of type {kind} or remove it",
+                        self.kind
+                    ),
                 ));
             }
-            for (i, d) in delegates.iter().enumerate() {
-                let email = d.strip_prefix("projects/-/serviceAccounts/").unwrap_or(d);
-                if !is_sa_email(email) {
+        }
+        let spec = match self.kind {
+            ProviderKind::Exec => ProviderSpec::Exec(self.exec.ok_or_else(|| {
+                (
+                    "exec".into(),
+                    "type exec needs an exec section with a command".into(),
+                )
+            })?),
+            ProviderKind::File => ProviderSpec::File(self.file.ok_or_else(|| {
+                (
+                    "file".into(),
+                    "type file needs a file section with a path".into(),
+                )
+            })?),
+            ProviderKind::Aws => ProviderSpec::Aws(self.aws.unwrap_or_default()),
+            ProviderKind::Gcp => ProviderSpec::Gcp(self.gcp.unwrap_or_default()),
+            ProviderKind::Azure => ProviderSpec::Azure(self.azure.unwrap_or_default()),
+            ProviderKind::KubernetesSecret => {
+                ProviderSpec::KubernetesSecret(self.kubernetes_secret.ok_or_else(|| {
+                    (
+                        "kubernetesSecret".into(),
+                        "type kubernetesSecret needs a kubernetesSecret section with a namespace"
+                            .into(),
+                    )
+                })?)
+            }
+        };
+        spec.validate()?;
+        let config = ProviderConfig {
+            name: self.name,
+            allow_overrides: self.allow_overrides,
+            spec,
+        };
+        config.validate_allow_overrides()?;
+        Ok(config)
+    }
+}
+
+impl ProviderConfig {
+    /// Checks `allowOverrides` against the type's selector keys; the returned path is
+    /// relative to the entry. Works from the config alone (not the built provider), so
+    /// `check-config` validates it for every type, compiled in or not.
+    fn validate_allow_overrides(&self) -> Result<(), (String, String)> {
+        if self.allow_overrides.is_empty() {
+            return Ok(());
+        }
+        let keys = self.spec.selector_keys();
+        let kind = self.kind();
+        for (name, patterns) in &self.allow_overrides {
+            let at = format!("allowOverrides.{name}");
+            if !keys.iter().any(|k| k.name == name.as_str()) {
+                let message = if self.spec.locating_keys().contains(&name.as_str()) {
+                    format!(
+                        "{name} only locates the cluster and is always allowed; remove it from allowOverrides"
+                    )
+                } else if keys.is_empty() {
+                    format!(
+                        "type {kind} has no per-cluster keys that select an identity or a secret, so nothing can be allowed; remove allowOverrides"
+                    )
+                } else {
+                    let list: Vec<&str> = keys.iter().map(|k| k.name.as_ref()).collect();
+                    format!(
+                        "{name:?} is not a per-cluster key that provider type {kind} lets a cluster override{}; the overridable keys are: {}",
+                        if kind == ProviderKind::KubernetesSecret {
+                            " (its keys are key, context with format: kubeconfig, and the nameTemplate's placeholders other than clusterName)"
+                        } else {
+                            ""
+                        },
+                        list.join(", ")
+                    )
+                };
+                return Err((at, message));
+            }
+            if patterns.is_empty() {
+                return Err((
+                    at,
+                    format!(
+                        "must list at least one glob pattern (* and ?), like [\"{}\"]; leave {name} out to refuse every per-cluster value",
+                        example_pattern(name)
+                    ),
+                ));
+            }
+            for (i, pattern) in patterns.iter().enumerate() {
+                if pattern.is_empty() || pattern.chars().any(char::is_control) {
                     return Err((
-                        format!("delegates[{i}]"),
-                        format!("{d:?} is not a service account email"),
+                        format!("{at}[{i}]"),
+                        "a pattern is a non-empty line of text (no control characters)".into(),
                     ));
                 }
             }
         }
-        if let Some(path) = &self.credentials_file
-            && !path.is_absolute()
-        {
-            return Err((
-                "credentialsFile".into(),
-                format!("must be an absolute path, got {path:?}"),
-            ));
-        }
-        if let Some(url) = &self.iam_credentials_endpoint {
-            let rest = url
-                .strip_prefix("https://")
-                .or_else(|| url.strip_prefix("http://"));
-            if rest.is_none_or(|r| r.is_empty() || r.contains(['?', '#', ' '])) {
-                return Err((
-                    "iamCredentialsEndpoint".into(),
-                    format!("{url:?} is not a base URL like https://iamcredentials.googleapis.com"),
-                ));
-            }
-        }
         Ok(())
     }
 }
 
-#[cfg(test)]
-mod gcp_config_tests {
-    use super::*;
-
-    fn gcp(section: &str) -> Result<Config, String> {
-        let text = format!("providers:\n  - name: gke\n    type: gcp\n    gcp: {section}\n");
-        Config::parse(&text, "t.yaml").map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn gcp_fields_parse() {
-        let config = gcp(
-            "{scopes: [a, b], impersonateServiceAccount: kueue@p.iam.gserviceaccount.com, \
-             delegates: [d@p.iam.gserviceaccount.com], credentialsFile: /var/run/gcp/key.json, \
-             iamCredentialsEndpoint: \"http://127.0.0.1:8080\"}",
-        )
-        .unwrap();
-        let g = config.providers[0].gcp.clone().unwrap();
-        assert_eq!(g.scopes.unwrap(), ["a", "b"]);
-        assert_eq!(
-            g.credentials_file.unwrap(),
-            Path::new("/var/run/gcp/key.json")
-        );
-        assert_eq!(g.iam_credentials_endpoint.unwrap(), "http://127.0.0.1:8080");
-        // No section at all is fine: ADC with the default scopes.
-        Config::parse("providers:\n  - {name: gke, type: gcp}\n", "t").unwrap();
-    }
-
-    #[test]
-    fn gcp_fields_are_validated() {
-        let cases = [
-            ("{scopes: []}", "providers[0].gcp.scopes: must list"),
-            ("{scopes: [\"a b\"]}", "providers[0].gcp.scopes[0]"),
-            (
-                "{impersonateServiceAccount: kueue}",
-                "providers[0].gcp.impersonateServiceAccount",
-            ),
-            (
-                "{delegates: [d@p.iam.gserviceaccount.com]}",
-                "providers[0].gcp.delegates: delegates only apply",
-            ),
-            (
-                "{impersonateServiceAccount: a@p.iam.gserviceaccount.com, delegates: [nope]}",
-                "providers[0].gcp.delegates[0]",
-            ),
-            (
-                "{credentialsFile: key.json}",
-                "providers[0].gcp.credentialsFile: must be an absolute path",
-            ),
-            (
-                "{iamCredentialsEndpoint: iam.example}",
-                "providers[0].gcp.iamCredentialsEndpoint",
-            ),
-            ("{scope: [a]}", "providers[0].gcp.scope"),
-        ];
-        for (section, want) in cases {
-            let e = gcp(section).unwrap_err();
-            assert!(e.contains(want), "{section}: got {e:?}, want {want:?}");
-        }
-        // Delegates may be written as resource names too.
-        gcp("{impersonateServiceAccount: a@p.iam.gserviceaccount.com, delegates: [\"projects/-/serviceAccounts/d@p.iam.gserviceaccount.com\"]}").unwrap();
-    }
-}
-/// `type: azure`: Entra ID (AAD) tokens for AKS clusters with Entra ID integration. Every
-/// key is optional: with none, `credential: auto` on the pod's environment and the AKS AAD
-/// server application as the audience. `serverId` and `tenantId` are defaults a cluster's
-/// exec extension may override.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct AzureConfig {
-    /// Application id of the cluster's API server; the token's scope is `<serverId>/.default`.
-    /// Default: the AKS AAD server application shared by every AKS-managed Entra ID cluster.
-    pub server_id: Option<String>,
-    /// Tenant the token is issued in; default `AZURE_TENANT_ID`.
-    pub tenant_id: Option<String>,
-    /// Where the identity comes from; default `auto`.
-    pub credential: Option<AzureCredential>,
-    /// Application (client) id of the workload identity or service principal, or the client
-    /// id of a user-assigned managed identity; default `AZURE_CLIENT_ID`.
-    pub client_id: Option<String>,
-    /// Azure resource id of a user-assigned managed identity (instead of `clientId`).
-    pub managed_identity_resource_id: Option<String>,
-    /// Entra ID host for sovereign and private clouds, e.g. `https://login.microsoftonline.us`;
-    /// default `AZURE_AUTHORITY_HOST`, else the public cloud.
-    pub authority_host: Option<String>,
-    /// Projected service account token for workload identity; default `AZURE_FEDERATED_TOKEN_FILE`.
-    pub federated_token_file: Option<PathBuf>,
-    /// PEM file with the service principal's certificate and unencrypted RSA key; default
-    /// `AZURE_CLIENT_CERTIFICATE_PATH`.
-    pub client_certificate_path: Option<PathBuf>,
-}
-
-/// Which Azure credential a provider uses.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub enum AzureCredential {
-    /// Workload identity when its environment is there, else managed identity when the host
-    /// has one, else a service principal from the environment (DefaultAzureCredential's
-    /// non-interactive sources, in the order that suits a pod).
-    #[default]
-    Auto,
-    WorkloadIdentity,
-    ManagedIdentity,
-    ClientSecret,
-    ClientCertificate,
-    AzureCli,
-}
-
-impl AzureCredential {
-    /// The name used in the config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::WorkloadIdentity => "workloadIdentity",
-            Self::ManagedIdentity => "managedIdentity",
-            Self::ClientSecret => "clientSecret",
-            Self::ClientCertificate => "clientCertificate",
-            Self::AzureCli => "azureCli",
-        }
-    }
-}
-
-impl fmt::Display for AzureCredential {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl AzureConfig {
-    /// Checks the fields; the returned path is relative to the `azure` section.
-    fn validate(&self) -> Result<(), (String, String)> {
-        use AzureCredential as C;
-        let credential = self.credential.unwrap_or_default();
-        let checks = [
-            (
-                "serverId",
-                self.server_id.as_deref(),
-                Self::check_server_id as fn(&str) -> _,
-            ),
-            ("tenantId", self.tenant_id.as_deref(), Self::check_tenant_id),
-            ("clientId", self.client_id.as_deref(), Self::check_client_id),
-            (
-                "authorityHost",
-                self.authority_host.as_deref(),
-                Self::check_authority_host,
-            ),
-        ];
-        for (field, value, check) in checks {
-            if let Some(value) = value {
-                check(value).map_err(|m| (field.to_owned(), m))?;
-            }
-        }
-        if let Some(id) = &self.managed_identity_resource_id {
-            let ok = id.len() > "/subscriptions/".len()
-                && id[.."/subscriptions/".len()].eq_ignore_ascii_case("/subscriptions/")
-                && !id.chars().any(char::is_whitespace);
-            if !ok {
-                return Err((
-                    "managedIdentityResourceId".into(),
-                    format!(
-                        "{id:?} is not an Azure resource id like /subscriptions/<id>/resourceGroups/<group>/providers/Microsoft.ManagedIdentity/userAssignedIdentities/<name>"
-                    ),
-                ));
-            }
-            if !matches!(credential, C::Auto | C::ManagedIdentity) {
-                return Err((
-                    "managedIdentityResourceId".into(),
-                    format!(
-                        "only applies to credential managedIdentity (or auto), not {credential}"
-                    ),
-                ));
-            }
-            if self.client_id.is_some() {
-                return Err((
-                    "managedIdentityResourceId".into(),
-                    "name a user-assigned identity by clientId or by managedIdentityResourceId, not both".into(),
-                ));
-            }
-        }
-        let files = [
-            (
-                "federatedTokenFile",
-                &self.federated_token_file,
-                C::WorkloadIdentity,
-            ),
-            (
-                "clientCertificatePath",
-                &self.client_certificate_path,
-                C::ClientCertificate,
-            ),
-        ];
-        for (field, path, owner) in files {
-            let Some(path) = path else { continue };
-            if !path.is_absolute() {
-                return Err((
-                    field.into(),
-                    format!("must be an absolute path, got {path:?}"),
-                ));
-            }
-            if credential != owner && credential != C::Auto {
-                return Err((
-                    field.into(),
-                    format!("only applies to credential {owner} (or auto), not {credential}"),
-                ));
-            }
-        }
-        // A managed identity gets tokens from its own tenant only: a tenant here would be
-        // silently ignored and the API server would refuse the token.
-        if credential == C::ManagedIdentity && self.tenant_id.is_some() {
-            return Err((
-                "tenantId".into(),
-                "a managed identity always gets tokens from its own tenant; remove tenantId or use workloadIdentity, clientSecret or clientCertificate".into(),
-            ));
-        }
-        if credential == C::AzureCli && self.client_id.is_some() {
-            return Err((
-                "clientId".into(),
-                "credential azureCli uses the account `az login` signed in; remove clientId".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    /// An application id (or app id URI) whose `/.default` scope the token is for.
-    pub fn check_server_id(id: &str) -> Result<(), String> {
-        if id.ends_with("/.default") {
-            return Err(format!(
-                "{id:?} is a scope; give the application id alone (the broker adds /.default)"
-            ));
-        }
-        // azure_identity's scope rule: letters, digits and `.-_:/`.
-        let ok = !id.is_empty()
-            && id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '/'));
-        if ok {
-            Ok(())
-        } else {
-            Err(format!(
-                "{id:?} is not an application id like 6dae42f8-4368-4678-94ff-3960e28e3630"
-            ))
-        }
-    }
-
-    /// A tenant id (GUID) or domain; it becomes part of the token endpoint's path.
-    pub fn check_tenant_id(id: &str) -> Result<(), String> {
-        let ok = !id.is_empty()
-            && id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-'));
-        if ok {
-            Ok(())
-        } else {
-            Err(format!(
-                "{id:?} is not a tenant id (a GUID) or a tenant domain like contoso.onmicrosoft.com"
-            ))
-        }
-    }
-
-    /// An application (client) id; goes into request bodies and query strings.
-    pub fn check_client_id(id: &str) -> Result<(), String> {
-        let ok = !id.is_empty()
-            && id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
-        if ok {
-            Ok(())
-        } else {
-            Err(format!(
-                "{id:?} is not a client id like 00000000-0000-0000-0000-000000000000"
-            ))
-        }
-    }
-
-    /// `https://host[:port]` and nothing else: Entra ID's token path is appended to it.
-    pub fn check_authority_host(url: &str) -> Result<(), String> {
-        let host = url
-            .strip_prefix("https://")
-            .map(|r| r.trim_end_matches('/'));
-        if host.is_some_and(|h| !h.is_empty() && !h.contains(['/', '?', '#', ' ', '@'])) {
-            Ok(())
-        } else {
-            Err(format!(
-                "{url:?} is not an https authority host like https://login.microsoftonline.com"
-            ))
-        }
-    }
-}
-
-#[cfg(test)]
-mod azure_config_tests {
-    use super::*;
-
-    fn azure(section: &str) -> Result<AzureConfig, String> {
-        let text = format!("providers:\n  - name: aks\n    type: azure\n    azure: {section}\n");
-        Config::parse(&text, "t.yaml")
-            .map(|c| c.providers[0].azure.clone().unwrap_or_default())
-            .map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn azure_fields_parse() {
-        let a = azure(
-            "{serverId: 6dae42f8-4368-4678-94ff-3960e28e3630, tenantId: contoso.onmicrosoft.com, \
-             credential: workloadIdentity, clientId: 11111111-2222-3333-4444-555555555555, \
-             authorityHost: \"https://login.microsoftonline.us/\", federatedTokenFile: /var/run/t}",
-        )
-        .unwrap();
-        assert_eq!(a.credential, Some(AzureCredential::WorkloadIdentity));
-        assert_eq!(a.tenant_id.as_deref(), Some("contoso.onmicrosoft.com"));
-        assert_eq!(a.federated_token_file.unwrap(), Path::new("/var/run/t"));
-        for (name, want) in [
-            ("auto", AzureCredential::Auto),
-            ("managedIdentity", AzureCredential::ManagedIdentity),
-            ("clientSecret", AzureCredential::ClientSecret),
-            ("clientCertificate", AzureCredential::ClientCertificate),
-            ("azureCli", AzureCredential::AzureCli),
-        ] {
-            assert_eq!(
-                azure(&format!("{{credential: {name}}}"))
-                    .unwrap()
-                    .credential,
-                Some(want)
-            );
-            assert_eq!(want.as_str(), name);
-        }
-        let mi = azure("{credential: managedIdentity, managedIdentityResourceId: /subscriptions/s/resourceGroups/g/providers/Microsoft.ManagedIdentity/userAssignedIdentities/kueue}").unwrap();
-        assert!(mi.managed_identity_resource_id.is_some());
-        // No section at all is fine: auto, the AKS server application.
-        Config::parse("providers:\n  - {name: aks, type: azure}\n", "t").unwrap();
-    }
-
-    #[test]
-    fn azure_fields_are_validated() {
-        let cases = [
-            (
-                "{credential: kubelogin}",
-                "providers[0].azure.credential: unknown variant `kubelogin`",
-            ),
-            (
-                "{serverId: \"x/.default\"}",
-                "providers[0].azure.serverId: \"x/.default\" is a scope",
-            ),
-            ("{serverId: \"a b\"}", "providers[0].azure.serverId"),
-            ("{tenantId: \"t/../x\"}", "providers[0].azure.tenantId"),
-            ("{clientId: \"a&b=c\"}", "providers[0].azure.clientId"),
-            (
-                "{authorityHost: \"http://login.example\"}",
-                "providers[0].azure.authorityHost",
-            ),
-            (
-                "{authorityHost: \"https://login.example/tenant\"}",
-                "providers[0].azure.authorityHost",
-            ),
-            (
-                "{federatedTokenFile: token}",
-                "providers[0].azure.federatedTokenFile: must be an absolute path",
-            ),
-            (
-                "{credential: clientSecret, federatedTokenFile: /t}",
-                "providers[0].azure.federatedTokenFile: only applies to credential workloadIdentity",
-            ),
-            (
-                "{credential: workloadIdentity, clientCertificatePath: /c.pem}",
-                "providers[0].azure.clientCertificatePath: only applies to credential clientCertificate",
-            ),
-            (
-                "{managedIdentityResourceId: kueue}",
-                "providers[0].azure.managedIdentityResourceId",
-            ),
-            (
-                "{clientId: a, managedIdentityResourceId: /subscriptions/s/x}",
-                "not both",
-            ),
-            (
-                "{credential: clientSecret, managedIdentityResourceId: /subscriptions/s/x}",
-                "only applies to credential managedIdentity",
-            ),
-            (
-                "{credential: managedIdentity, tenantId: t}",
-                "providers[0].azure.tenantId: a managed identity always gets tokens from its own tenant",
-            ),
-            (
-                "{credential: azureCli, clientId: c}",
-                "providers[0].azure.clientId",
-            ),
-            ("{scope: x}", "providers[0].azure.scope"),
-        ];
-        for (section, want) in cases {
-            let e = azure(section).unwrap_err();
-            assert!(e.contains(want), "{section}: got {e:?}, want {want:?}");
-        }
-    }
-}
-
-/// Wraps an existing kubeconfig exec plugin, adding the cache and single-flight.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct ExecConfig {
-    pub command: PathBuf,
-    #[serde(default)]
-    pub args: Vec<String>,
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    #[serde(default = "default_exec_timeout")]
-    pub timeout: ConfigDuration,
-    #[serde(default = "default_exec_api_version")]
-    pub api_version: String,
-    #[serde(default = "default_exec_lifetime")]
-    pub default_lifetime: ConfigDuration,
-    /// Names (or `PREFIX*`) of the broker's environment variables passed to the plugin on top
-    /// of [`DEFAULT_EXEC_PASS_ENV`].
-    #[serde(default)]
-    pub pass_env: Vec<String>,
-    /// Pass the broker's whole environment (what credbroker did before `passEnv`).
-    #[serde(default)]
-    pub inherit_env: bool,
-}
-
-fn default_exec_timeout() -> ConfigDuration {
-    ConfigDuration(DEFAULT_EXEC_TIMEOUT)
-}
-fn default_exec_api_version() -> String {
-    DEFAULT_EXEC_API_VERSION.to_owned()
-}
-fn default_exec_lifetime() -> ConfigDuration {
-    ConfigDuration(DEFAULT_EXEC_LIFETIME)
-}
-
-/// A token kept in a file, e.g. a projected ServiceAccount token per cluster.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct FileConfig {
-    /// May contain `{clusterName}`, taken from the cluster's exec extension.
-    pub path: String,
-    #[serde(default = "default_file_lifetime")]
-    pub lifetime: ConfigDuration,
-}
-
-fn default_file_lifetime() -> ConfigDuration {
-    ConfigDuration(DEFAULT_FILE_LIFETIME)
-}
-
-/// Credentials kept in Secrets of one namespace of the cluster the broker runs in (or the
-/// one a development kubeconfig points at), one Secret per worker cluster.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct KubernetesSecretConfig {
-    /// The one namespace watched: RBAC grants get/list/watch on Secrets there and nowhere else.
-    pub namespace: String,
-    /// The Secret's name; each `{key}` is filled from the cluster's exec config key of that
-    /// name, else from `templateDefaults`.
-    #[serde(default = "default_secret_name_template")]
-    pub name_template: String,
-    /// Values for placeholders the cluster's exec config does not carry, e.g. OCM's
-    /// ManagedServiceAccount name, which is the same for every cluster.
-    #[serde(default)]
-    pub template_defaults: BTreeMap<String, String>,
-    /// The Secret's data key holding the token or kubeconfig; a cluster's exec config key
-    /// `key` overrides it.
-    #[serde(default = "default_secret_key")]
-    pub key: String,
-    #[serde(default)]
-    pub format: SecretFormat,
-    /// For `format: kubeconfig`: the context whose user is taken (default: the kubeconfig's
-    /// current-context); a cluster's exec config key `context` overrides it.
-    #[serde(default)]
-    pub context: Option<String>,
-    /// Only Secrets matching this label selector are watched (and served).
-    #[serde(default)]
-    pub label_selector: Option<String>,
-    /// A kubeconfig file for reaching the API server during development; unset means the
-    /// in-cluster ServiceAccount.
-    #[serde(default)]
-    pub kubeconfig: Option<PathBuf>,
-    /// Expiry of a token that is not a JWT with an `exp` claim.
-    #[serde(default = "default_secret_lifetime")]
-    pub lifetime: ConfigDuration,
-}
-
-/// What the Secret's key holds.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub enum SecretFormat {
-    /// A bearer token (secretreader, OCM managed-serviceaccount).
-    #[default]
-    Token,
-    /// A kubeconfig whose selected user has a token or a client certificate and key
-    /// (cluster-inventory-api's kubeconfig-secretreader).
-    Kubeconfig,
-}
-
-fn default_secret_name_template() -> String {
-    DEFAULT_SECRET_NAME_TEMPLATE.to_owned()
-}
-fn default_secret_key() -> String {
-    DEFAULT_SECRET_KEY.to_owned()
-}
-fn default_secret_lifetime() -> ConfigDuration {
-    ConfigDuration(DEFAULT_SECRET_LIFETIME)
-}
-
-/// A duration written the human way: `30s`, `5m`, `1h30m`, `500ms`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConfigDuration(pub Duration);
-
-impl<'de> Deserialize<'de> for ConfigDuration {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(text.trim())
-            .map(ConfigDuration)
-            .map_err(|e| {
-                serde::de::Error::custom(format!(
-                    "invalid duration {text:?} ({e}); write it like 30s, 5m or 1h30m"
-                ))
-            })
+/// A pattern to suggest for `allowOverrides.<key>` in an error.
+fn example_pattern(key: &str) -> &'static str {
+    match key {
+        "roleArn" => "arn:aws:iam::111122223333:role/kueue-*",
+        "tenantId" => "11111111-2222-3333-4444-555555555555",
+        "serverId" => "6dae42f8-4368-4678-94ff-3960e28e3630",
+        _ => "team-*",
     }
 }
 
@@ -1223,7 +648,7 @@ impl Config {
     pub fn embedded_default() -> Result<Self, ConfigError> {
         const SOURCE: &str = "<embedded default>";
         let mut config = Self::parse(EMBEDDED_DEFAULT, SOURCE)?;
-        config.providers.retain(|p| p.kind.built_in());
+        config.providers.retain(|p| p.kind().built_in());
         if config.providers.is_empty() {
             return Err(ConfigError::Invalid {
                 file: SOURCE.to_owned(),
@@ -1249,21 +674,23 @@ impl Config {
         } else {
             tree
         };
-        let config: Self = serde_path_to_error::deserialize(tree).map_err(|e| {
+        let written: ConfigFile = serde_path_to_error::deserialize(tree).map_err(|e| {
             let path = match e.path().to_string() {
                 p if p == "." => "(top level)".to_owned(),
                 p => p,
             };
             invalid(path, e.inner().to_string())
         })?;
-        config
+        written
             .validate()
-            .map_err(|(path, message)| invalid(path, message))?;
-        Ok(config)
+            .map_err(|(path, message)| invalid(path, message))
     }
+}
 
-    /// Checks what the types alone cannot; returns the YAML path and the reason.
-    fn validate(&self) -> Result<(), (String, String)> {
+impl ConfigFile {
+    /// Checks what the types alone cannot and keeps each provider's own section; returns the
+    /// YAML path and the reason.
+    fn validate(self) -> Result<Config, (String, String)> {
         if !self.socket.path.is_absolute() {
             return Err((
                 "socket.path".into(),
@@ -1321,11 +748,12 @@ impl Config {
         if self.providers.is_empty() {
             return Err(("providers".into(), "at least one provider is needed".into()));
         }
+        let mut providers: Vec<ProviderConfig> = Vec::with_capacity(self.providers.len());
         let mut names = HashSet::new();
-        for (i, provider) in self.providers.iter().enumerate() {
+        for (i, entry) in self.providers.into_iter().enumerate() {
             let at = |field: &str| format!("providers[{i}].{field}");
-            provider
-                .validate()
+            let provider = entry
+                .into_config()
                 .map_err(|(field, msg)| (at(&field), msg))?;
             if provider.name.len() > self.limits.max_provider_name_bytes as usize {
                 return Err((
@@ -1337,360 +765,23 @@ impl Config {
                     ),
                 ));
             }
-            if !names.insert(provider.name.as_str()) {
+            if !names.insert(provider.name.clone()) {
                 return Err((
                     at("name"),
                     format!("duplicate provider name {:?}", provider.name),
                 ));
             }
+            providers.push(provider);
         }
-        Ok(())
+        Ok(Config {
+            socket: self.socket,
+            cache: self.cache,
+            metrics: self.metrics,
+            rate_limit: self.rate_limit,
+            limits: self.limits,
+            providers,
+        })
     }
-}
-
-impl ProviderConfig {
-    /// Validates one provider; the returned path is relative to the provider.
-    fn validate(&self) -> Result<(), (String, String)> {
-        let valid_name = !self.name.is_empty()
-            && self
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-        if !valid_name {
-            return Err((
-                "name".into(),
-                format!(
-                    "{:?} is not a provider name: use letters, digits, '-', '_' or '.'",
-                    self.name
-                ),
-            ));
-        }
-        let sections = [
-            (ProviderKind::Aws, self.aws.is_some()),
-            (ProviderKind::Gcp, self.gcp.is_some()),
-            (ProviderKind::Azure, self.azure.is_some()),
-            (ProviderKind::Exec, self.exec.is_some()),
-            (ProviderKind::File, self.file.is_some()),
-            (
-                ProviderKind::KubernetesSecret,
-                self.kubernetes_secret.is_some(),
-            ),
-        ];
-        for (kind, present) in sections {
-            if present && kind != self.kind {
-                return Err((
-                    kind.as_str().into(),
-                    format!(
-                        "a {kind} section on a provider of type {}; move it to a provider of type {kind} or remove it",
-                        self.kind
-                    ),
-                ));
-            }
-        }
-        let section = match self.kind {
-            ProviderKind::Exec => {
-                let exec = self.exec.as_ref().ok_or_else(|| {
-                    (
-                        "exec".into(),
-                        "type exec needs an exec section with a command".into(),
-                    )
-                })?;
-                exec.validate().map_err(|(f, m)| (format!("exec.{f}"), m))
-            }
-            ProviderKind::File => {
-                let file = self.file.as_ref().ok_or_else(|| {
-                    (
-                        "file".into(),
-                        "type file needs a file section with a path".into(),
-                    )
-                })?;
-                file.validate().map_err(|(f, m)| (format!("file.{f}"), m))
-            }
-            ProviderKind::Aws => match &self.aws {
-                Some(aws) => aws.validate().map_err(|(f, m)| (format!("aws.{f}"), m)),
-                None => Ok(()),
-            },
-            ProviderKind::Gcp => match &self.gcp {
-                Some(gcp) => gcp.validate().map_err(|(f, m)| (format!("gcp.{f}"), m)),
-                None => Ok(()),
-            },
-            ProviderKind::Azure => match &self.azure {
-                Some(azure) => azure.validate().map_err(|(f, m)| (format!("azure.{f}"), m)),
-                None => Ok(()),
-            },
-            ProviderKind::KubernetesSecret => {
-                let secret = self.kubernetes_secret.as_ref().ok_or_else(|| {
-                    (
-                        "kubernetesSecret".into(),
-                        "type kubernetesSecret needs a kubernetesSecret section with a namespace"
-                            .into(),
-                    )
-                })?;
-                secret
-                    .validate()
-                    .map_err(|(f, m)| (format!("kubernetesSecret.{f}"), m))
-            }
-        };
-        section?;
-        crate::providers::overrides::validate(self)
-    }
-}
-
-impl ExecConfig {
-    fn validate(&self) -> Result<(), (String, String)> {
-        if !self.command.is_absolute() {
-            return Err((
-                "command".into(),
-                format!(
-                    "must be an absolute path (the broker does not search PATH), got {:?}",
-                    self.command
-                ),
-            ));
-        }
-        if self.timeout.0.is_zero() {
-            return Err(("timeout".into(), "must be longer than 0s".into()));
-        }
-        // One rule instead of two timers racing: the cache stops waiting at its upstream
-        // timeout (and the plugin's process group is killed then), so a longer plugin timeout
-        // could never be reached.
-        let cap = crate::cache::UPSTREAM_TIMEOUT;
-        if self.timeout.0 > cap {
-            return Err((
-                "timeout".into(),
-                format!(
-                    "{} is longer than the cache waits for any upstream call ({}), which would stop the plugin first; use at most {}",
-                    humantime::format_duration(self.timeout.0),
-                    humantime::format_duration(cap),
-                    humantime::format_duration(cap),
-                ),
-            ));
-        }
-        if self.default_lifetime.0 < Duration::from_secs(1) {
-            return Err(("defaultLifetime".into(), "must be at least 1s".into()));
-        }
-        if self.api_version != EXEC_API_V1 && self.api_version != EXEC_API_V1BETA1 {
-            return Err((
-                "apiVersion".into(),
-                format!(
-                    "unsupported {:?}; use {EXEC_API_V1} or {EXEC_API_V1BETA1}",
-                    self.api_version
-                ),
-            ));
-        }
-        for key in self.env.keys() {
-            if key.is_empty() || key.contains('=') || key.contains('\0') {
-                return Err((
-                    format!("env.{key}"),
-                    "not a valid environment variable name".into(),
-                ));
-            }
-        }
-        for (i, name) in self.pass_env.iter().enumerate() {
-            let bare = name.strip_suffix('*').unwrap_or(name);
-            if bare.is_empty() || bare.contains(['=', '\0', '*']) {
-                return Err((
-                    format!("passEnv[{i}]"),
-                    format!(
-                        "\"{}\" is not a variable name or a NAME_PREFIX* pattern",
-                        crate::text::quote(name)
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-impl FileConfig {
-    fn validate(&self) -> Result<(), (String, String)> {
-        if !Path::new(&self.path).is_absolute() {
-            return Err((
-                "path".into(),
-                format!("must be an absolute path, got {:?}", self.path),
-            ));
-        }
-        let mut rest = self.path.as_str();
-        while let Some(start) = rest.find('{') {
-            let Some(len) = rest[start..].find('}') else {
-                return Err(("path".into(), format!("unclosed '{{' in {:?}", self.path)));
-            };
-            let name = &rest[start + 1..start + len];
-            if name != "clusterName" {
-                return Err((
-                    "path".into(),
-                    format!(
-                        "unknown placeholder {{{name}}} in {:?}; only {{clusterName}} is supported",
-                        self.path
-                    ),
-                ));
-            }
-            rest = &rest[start + len + 1..];
-        }
-        if self.lifetime.0 < Duration::from_secs(1) {
-            return Err(("lifetime".into(), "must be at least 1s".into()));
-        }
-        Ok(())
-    }
-}
-
-impl KubernetesSecretConfig {
-    fn validate(&self) -> Result<(), (String, String)> {
-        if !is_dns_label(&self.namespace) {
-            return Err((
-                "namespace".into(),
-                format!(
-                    "{:?} is not a namespace name (lowercase letters, digits and '-', at most 63)",
-                    self.namespace
-                ),
-            ));
-        }
-        let parts = template_parts(&self.name_template).map_err(|m| ("nameTemplate".into(), m))?;
-        for part in &parts {
-            if let TemplatePart::Literal(text) = part
-                && !text
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'))
-            {
-                return Err((
-                    "nameTemplate".into(),
-                    format!(
-                        "{:?} has {text:?} outside placeholders: a Secret name has only lowercase letters, digits, '-' and '.'",
-                        self.name_template
-                    ),
-                ));
-            }
-        }
-        if !parts
-            .iter()
-            .any(|p| matches!(p, TemplatePart::Placeholder(_)))
-        {
-            return Err((
-                "nameTemplate".into(),
-                format!(
-                    "{:?} has no placeholder such as {{clusterName}}: every cluster would get the same Secret",
-                    self.name_template
-                ),
-            ));
-        }
-        for name in self.template_defaults.keys() {
-            if !is_placeholder_name(name) {
-                return Err((
-                    format!("templateDefaults.{name}"),
-                    "a placeholder name has only letters, digits and '_'".into(),
-                ));
-            }
-        }
-        if !is_secret_key(&self.key) {
-            return Err((
-                "key".into(),
-                format!(
-                    "{:?} is not a Secret data key (letters, digits, '-', '_', '.')",
-                    self.key
-                ),
-            ));
-        }
-        if self.context.is_some() && self.format != SecretFormat::Kubeconfig {
-            return Err((
-                "context".into(),
-                "a context only applies to format: kubeconfig".into(),
-            ));
-        }
-        if self.context.as_deref() == Some("") {
-            return Err(("context".into(), "must not be empty".into()));
-        }
-        if let Some(selector) = &self.label_selector
-            && selector.trim().is_empty()
-        {
-            return Err((
-                "labelSelector".into(),
-                "must not be empty; leave it out to watch every Secret of the namespace".into(),
-            ));
-        }
-        if let Some(path) = &self.kubeconfig
-            && !path.is_absolute()
-        {
-            return Err((
-                "kubeconfig".into(),
-                format!("must be an absolute path, got {path:?}"),
-            ));
-        }
-        if self.lifetime.0 < Duration::from_secs(1) {
-            return Err(("lifetime".into(), "must be at least 1s".into()));
-        }
-        Ok(())
-    }
-}
-
-/// A piece of a `nameTemplate`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TemplatePart {
-    Literal(String),
-    Placeholder(String),
-}
-
-/// Splits a template like `{clusterName}-{msaName}` into literals and placeholders.
-pub fn template_parts(template: &str) -> Result<Vec<TemplatePart>, String> {
-    let mut parts = Vec::new();
-    let mut rest = template;
-    while !rest.is_empty() {
-        match rest.find(['{', '}']) {
-            None => {
-                parts.push(TemplatePart::Literal(rest.to_owned()));
-                break;
-            }
-            Some(at) if rest[at..].starts_with('}') => {
-                return Err(format!("unmatched '}}' in {template:?}"));
-            }
-            Some(at) => {
-                if at > 0 {
-                    parts.push(TemplatePart::Literal(rest[..at].to_owned()));
-                }
-                let Some(len) = rest[at..].find('}') else {
-                    return Err(format!("unclosed '{{' in {template:?}"));
-                };
-                let name = &rest[at + 1..at + len];
-                if !is_placeholder_name(name) {
-                    return Err(format!(
-                        "placeholder {{{name}}} in {template:?} is not a name (letters, digits, '_')"
-                    ));
-                }
-                parts.push(TemplatePart::Placeholder(name.to_owned()));
-                rest = &rest[at + len + 1..];
-            }
-        }
-    }
-    if parts.is_empty() {
-        return Err("must not be empty".into());
-    }
-    Ok(parts)
-}
-
-fn is_placeholder_name(name: &str) -> bool {
-    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-/// RFC 1123 label: what a namespace name must be.
-pub fn is_dns_label(name: &str) -> bool {
-    name.len() <= 63 && is_dns_subdomain(name) && !name.contains('.')
-}
-
-/// RFC 1123 subdomain: what a Secret name must be.
-pub fn is_dns_subdomain(name: &str) -> bool {
-    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !name.is_empty()
-        && name.len() <= 253
-        && name.starts_with(alnum)
-        && name.ends_with(alnum)
-        && name.chars().all(|c| alnum(c) || matches!(c, '-' | '.'))
-}
-
-/// What Kubernetes accepts as a key of a Secret's `data`.
-pub fn is_secret_key(key: &str) -> bool {
-    !key.is_empty()
-        && key.len() <= 253
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 #[cfg(test)]
@@ -1744,9 +835,6 @@ mod tests {
             config.cache.max_concurrent_fetches,
             DEFAULT_MAX_CONCURRENT_FETCHES
         );
-        let exec = config.providers[0].exec.as_ref().unwrap();
-        assert_eq!(exec.timeout.0, DEFAULT_EXEC_TIMEOUT);
-        assert_eq!(exec.api_version, EXEC_API_V1);
     }
 
     #[test]
@@ -1782,14 +870,14 @@ providers:
         assert_eq!(config.cache.idle_timeout.0, Duration::from_secs(1800));
         assert_eq!(config.cache.max_concurrent_fetches, 4);
         assert_eq!(config.providers.len(), 5);
-        assert_eq!(
-            config.providers[3].exec.as_ref().unwrap().timeout.0,
-            Duration::from_secs(10)
-        );
-        assert_eq!(
-            config.providers[4].file.as_ref().unwrap().lifetime.0,
-            Duration::from_secs(7200)
-        );
+        let ProviderSpec::Exec(exec) = &config.providers[3].spec else {
+            panic!("{:?}", config.providers[3]);
+        };
+        assert_eq!(exec.timeout.0, Duration::from_secs(10));
+        let ProviderSpec::File(file) = &config.providers[4].spec else {
+            panic!("{:?}", config.providers[4]);
+        };
+        assert_eq!(file.lifetime.0, Duration::from_secs(7200));
     }
 
     #[test]
@@ -1900,38 +988,6 @@ providers:
                 "providers[0].exec: type exec needs",
             ),
             (
-                "providers:\n  - {name: a, type: exec, exec: {command: plugin}}\n",
-                "providers[0].exec.command: must be an absolute path",
-            ),
-            (
-                "providers:\n  - {name: a, type: exec, exec: {command: /p, timeout: 5 parsecs}}\n",
-                "providers[0].exec.timeout: invalid duration",
-            ),
-            (
-                "providers:\n  - {name: a, type: exec, exec: {command: /p, passEnv: [A, \"*\"]}}\n",
-                "providers[0].exec.passEnv[1]: \"*\" is not a variable name",
-            ),
-            (
-                "providers:\n  - {name: a, type: exec, exec: {command: /p, passEnv: [\"A*B\"]}}\n",
-                "providers[0].exec.passEnv[0]",
-            ),
-            (
-                "providers:\n  - {name: a, type: exec, exec: {command: /p, timeout: 90s}}\n",
-                "providers[0].exec.timeout: 1m 30s is longer than the cache waits for any upstream call (1m)",
-            ),
-            (
-                "providers:\n  - {name: a, type: exec, exec: {command: /p, apiVersion: v2}}\n",
-                "providers[0].exec.apiVersion: unsupported",
-            ),
-            (
-                "providers:\n  - {name: a, type: file, file: {path: \"/x/{cluster}\"}}\n",
-                "providers[0].file.path: unknown placeholder {cluster}",
-            ),
-            (
-                "providers:\n  - {name: a, type: file, file: {path: x}}\n",
-                "providers[0].file.path: must be an absolute",
-            ),
-            (
                 "providers:\n  - {name: a, type: aws, exec: {command: /p}}\n",
                 "providers[0].exec: a exec section on a provider of type aws",
             ),
@@ -2040,67 +1096,5 @@ providers:
                 .starts_with("/nonexistent/credbroker.yaml: cannot read"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn aws_section_is_validated() {
-        let aws =
-            |body: &str| format!("providers:\n  - name: eks\n    type: aws\n    aws: {{{body}}}\n");
-        let config = Config::parse(
-            &aws("region: us-west-2, roleArn: \"arn:aws:iam::111122223333:role/kueue\", externalId: \"ext-1\", sessionName: kueue-mgr, stsEndpoint: global"),
-            "t",
-        )
-        .unwrap();
-        let section = config.providers[0].aws.as_ref().unwrap();
-        assert_eq!(section.sts_endpoint, Some(AwsStsEndpoint::Global));
-        assert_eq!(section.region.as_deref(), Some("us-west-2"));
-        let china = "roleArn: \"arn:aws-cn:iam::111122223333:role/path/to/r\"";
-        assert!(Config::parse(&aws(china), "t").is_ok());
-        // The embedded default (no section at all) is valid too.
-        assert!(Config::parse("providers:\n  - {name: eks, type: aws}\n", "t").is_ok());
-
-        let cases = [
-            (
-                "region: US_WEST",
-                "providers[0].aws.region: \"US_WEST\" is not an AWS region",
-            ),
-            ("region: \"evil.com/x\"", "providers[0].aws.region"),
-            ("region: \"\"", "providers[0].aws.region"),
-            (
-                "roleArn: kueue",
-                "providers[0].aws.roleArn: \"kueue\" is not an IAM role ARN",
-            ),
-            (
-                "roleArn: \"arn:aws:iam::1234:role/x\"",
-                "providers[0].aws.roleArn",
-            ),
-            (
-                "roleArn: \"arn:aws:iam::111122223333:user/x\"",
-                "providers[0].aws.roleArn",
-            ),
-            (
-                "roleArn: \"arn:aws:iam::111122223333:role/\"",
-                "providers[0].aws.roleArn",
-            ),
-            (
-                "externalId: \"a\"",
-                "providers[0].aws.externalId: must be 2 to 1224",
-            ),
-            ("externalId: \"has space\"", "providers[0].aws.externalId"),
-            ("sessionName: \"a b\"", "providers[0].aws.sessionName"),
-            ("sessionName: x", "providers[0].aws.sessionName"),
-            (
-                "stsEndpoint: fips",
-                "providers[0].aws.stsEndpoint: unknown variant `fips`, expected `regional` or `global`",
-            ),
-            ("bogus: 1", "providers[0].aws.bogus"),
-        ];
-        for (body, want) in cases {
-            let e = err(&aws(body));
-            assert!(e.contains(want), "{body:?}: got {e:?}, want {want:?}");
-        }
-        // An external id may be a shared secret: its value is never echoed.
-        let e = err(&aws("externalId: \"secret value\""));
-        assert!(!e.contains("secret value"), "{e}");
     }
 }

@@ -80,7 +80,7 @@ fn run(command: Command) -> Result<(), String> {
             let providers: Vec<String> = config
                 .providers
                 .iter()
-                .map(|p| format!("{} ({})", p.name, p.kind))
+                .map(|p| format!("{} ({})", p.name, p.kind()))
                 .collect();
             println!(
                 "{}: ok; socket {}; providers: {}",

@@ -176,7 +176,7 @@ pub async fn serve(
     let mut server = tokio::spawn(server);
     tracing::info!(
         socket = %socket_path.display(),
-        providers = ?config.providers.iter().map(|p| format!("{} ({})", p.name, p.kind)).collect::<Vec<_>>(),
+        providers = ?config.providers.iter().map(|p| format!("{} ({})", p.name, p.kind())).collect::<Vec<_>>(),
         "credbroker serving"
     );
 

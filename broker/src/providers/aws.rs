@@ -11,6 +11,7 @@
 //! The cache key is region + cluster + role: each cluster needs its own token (the header
 //! is signed), while all clusters of one role share its credentials.
 
+pub mod config;
 mod creds;
 mod http;
 mod token;
@@ -29,7 +30,9 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_credential_types::provider::SharedCredentialsProvider;
 use aws_credential_types::provider::error::CredentialsError;
 
-use crate::config::{AwsConfig, AwsStsEndpoint, ProviderConfig, ProviderKind};
+use crate::config::values::ProviderKind;
+
+use self::config::{AwsStsEndpoint, Config as AwsConfig};
 use crate::request::TokenRequest;
 
 use super::{BoxFuture, Credential, Provider, ProviderError};
@@ -43,11 +46,8 @@ pub const DEFAULT_SESSION_NAME: &str = "credbroker";
 const MAX_CLUSTER_ID_LEN: usize = 255;
 
 /// Builds the provider for one config entry; the SDK is set up on the first fetch.
-pub fn build(config: &ProviderConfig) -> Arc<dyn Provider> {
-    Arc::new(AwsProvider::new(
-        &config.name,
-        config.aws.clone().unwrap_or_default(),
-    ))
+pub fn build(name: &str, config: &AwsConfig) -> Arc<dyn Provider> {
+    Arc::new(AwsProvider::new(name, config.clone()))
 }
 
 pub struct AwsProvider {

@@ -39,13 +39,16 @@ use azure_identity::{
 };
 use tokio::sync::OnceCell;
 
-use crate::config::{AzureConfig, AzureCredential, ProviderConfig, ProviderKind};
+use crate::config::values::ProviderKind;
+
+use self::config::{AzureCredential, Config as AzureConfig};
 use crate::request::TokenRequest;
 
 use super::{BoxFuture, Credential, Provider, ProviderError};
 
 mod aadsts;
 mod certificate;
+pub mod config;
 mod http;
 #[cfg(test)]
 mod tests;
@@ -92,11 +95,8 @@ const ENV_VARS: &[&str] = &[
 ];
 
 /// Builds the provider for one config entry.
-pub fn build(config: &ProviderConfig) -> Arc<dyn Provider> {
-    Arc::new(AzureProvider::new(
-        config.azure.clone().unwrap_or_default(),
-        Env::from_process(),
-    ))
+pub fn build(config: &AzureConfig) -> Arc<dyn Provider> {
+    Arc::new(AzureProvider::new(config.clone(), Env::from_process()))
 }
 
 /// The process environment the provider reads, captured once (the environment of a running

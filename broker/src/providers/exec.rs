@@ -10,10 +10,10 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::process::{Child, Command};
 
-use crate::config::{
-    DEFAULT_EXEC_PASS_ENV, EXEC_API_V1, EXEC_API_V1BETA1, ExecConfig, ProviderKind,
-};
+use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
+
+use self::config::{Config as ExecConfig, DEFAULT_EXEC_PASS_ENV, EXEC_API_V1, EXEC_API_V1BETA1};
 
 use super::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Secret};
 
@@ -352,5 +352,6 @@ fn parse_rfc3339(text: &str) -> Result<SystemTime, String> {
     Ok(SystemTime::from(parsed))
 }
 
+pub mod config;
 #[cfg(test)]
 mod tests;

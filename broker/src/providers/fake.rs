@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use crate::config::ProviderKind;
+use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
 
 use super::{BoxFuture, Credential, Provider, ProviderError};

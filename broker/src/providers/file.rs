@@ -2,13 +2,16 @@
 //! or a Secret mounted as a volume). The file is checked on every hit with one `stat`, so a
 //! rotated token is served as soon as it lands.
 
-use crate::config::{FileConfig, ProviderKind};
+use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
 use std::hash::{DefaultHasher, Hash as _, Hasher as _};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
+use self::config::Config as FileConfig;
 use super::{BoxFuture, Credential, Provider, ProviderError, jwt};
+
+pub mod config;
 
 /// A token file holds one token; anything this large is not one.
 const MAX_TOKEN_BYTES: u64 = 1024 * 1024;
@@ -177,7 +180,7 @@ mod tests {
     use std::time::{Duration, SystemTime};
 
     use super::*;
-    use crate::config::ConfigDuration;
+    use crate::config::values::ConfigDuration;
     use crate::providers::CredentialSecret;
     use crate::request::ClusterInfo;
 

@@ -46,11 +46,14 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use crate::config::{GcpConfig, ProviderConfig, ProviderKind};
+use crate::config::values::ProviderKind;
+
+use self::config::Config as GcpConfig;
 use crate::request::TokenRequest;
 
 use super::{BoxFuture, Credential, Provider, ProviderError};
 
+pub mod config;
 mod http;
 mod library;
 mod sa_key;
@@ -90,9 +93,8 @@ const MAX_CREDENTIALS_FILE_BYTES: u64 = 1024 * 1024;
 
 /// Builds the provider for one config entry. Cheap: the environment is read now, files and
 /// the network on the first request.
-pub fn build(config: &ProviderConfig) -> Arc<dyn Provider> {
-    let gcp = config.gcp.clone().unwrap_or_default();
-    Arc::new(GcpProvider::new(&config.name, gcp, Env::from_process()))
+pub fn build(name: &str, config: &GcpConfig) -> Arc<dyn Provider> {
+    Arc::new(GcpProvider::new(name, config.clone(), Env::from_process()))
 }
 
 /// The process environment the provider depends on, read once at start-up (tests pass their

@@ -26,11 +26,12 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::Value;
 
-use crate::config::{
-    KubernetesSecretConfig, ProviderConfig, ProviderKind, SecretFormat, TemplatePart,
-    is_dns_subdomain, is_secret_key, template_parts,
+use crate::config::values::{
+    ProviderKind, TemplatePart, is_dns_subdomain, is_secret_key, template_parts,
 };
 use crate::request::TokenRequest;
+
+use self::config::{Config as KubernetesSecretConfig, SecretFormat};
 
 use super::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Secret as Hidden};
 
@@ -47,11 +48,8 @@ pub const CLIENT_RETRY_MAX: Duration = Duration::from_secs(60);
 /// Builds the provider for one config entry: cheap and infallible. The API client and the
 /// watch start in a background task (at once when a Tokio runtime is running, else on the
 /// first call), so a broker whose API server is unreachable still starts.
-pub fn build(config: &ProviderConfig) -> Arc<dyn Provider> {
-    let Some(section) = &config.kubernetes_secret else {
-        return Arc::new(super::unbuilt::Unbuilt::new(&config.name, config.kind));
-    };
-    let provider = KubernetesSecretProvider::new(&config.name, section.clone());
+pub fn build(name: &str, config: &KubernetesSecretConfig) -> Arc<dyn Provider> {
+    let provider = KubernetesSecretProvider::new(name, config.clone());
     if tokio::runtime::Handle::try_current().is_ok() {
         provider.watch();
     }
@@ -868,5 +866,6 @@ fn certificate_not_after(pem: &str) -> Result<SystemTime, String> {
     Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
 }
 
+pub mod config;
 #[cfg(test)]
 mod tests;

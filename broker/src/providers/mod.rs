@@ -8,22 +8,47 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::config::{ProviderConfig, ProviderKind};
+use crate::config::values::ProviderKind;
+use crate::config::{ProviderConfig, ProviderSpec};
 use crate::request::TokenRequest;
 
+// A type behind a Cargo feature is a whole module when the feature is on; when it is off, its
+// module holds only its `config` (serde only), so a slim build still parses and explains an
+// entry of that type and serves it with [`unbuilt::Unbuilt`].
 #[cfg(feature = "aws")]
 pub mod aws;
+#[cfg(not(feature = "aws"))]
+pub mod aws {
+    //! `type: aws` is not in this build (Cargo feature `aws`): its section only.
+    pub mod config;
+}
 #[cfg(feature = "azure")]
 pub mod azure;
+#[cfg(not(feature = "azure"))]
+pub mod azure {
+    //! `type: azure` is not in this build (Cargo feature `azure`): its section only.
+    pub mod config;
+}
 pub mod exec;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod file;
 #[cfg(feature = "gcp")]
 pub mod gcp;
+#[cfg(not(feature = "gcp"))]
+pub mod gcp {
+    //! `type: gcp` is not in this build (Cargo feature `gcp`): its section only.
+    pub mod config;
+}
 pub mod jwt;
 #[cfg(feature = "kubernetes-secret")]
 pub mod kubernetes_secret;
+#[cfg(not(feature = "kubernetes-secret"))]
+pub mod kubernetes_secret {
+    //! `type: kubernetesSecret` is not in this build (Cargo feature `kubernetes-secret`): its
+    //! section only.
+    pub mod config;
+}
 pub mod overrides;
 pub mod unbuilt;
 
@@ -188,30 +213,22 @@ pub trait Provider: Send + Sync + fmt::Debug {
 /// I/O to set up (cloud credential chains) do it on their first fetch, so a broker with a
 /// cloud it cannot reach yet still starts and serves the others.
 pub fn build(config: &ProviderConfig) -> Arc<dyn Provider> {
-    match config.kind {
-        ProviderKind::Exec => match &config.exec {
-            Some(exec) => Arc::new(exec::ExecProvider::new(exec.clone())),
-            None => unbuilt(config),
-        },
-        ProviderKind::File => match &config.file {
-            Some(file) => Arc::new(file::FileProvider::new(file.clone())),
-            None => unbuilt(config),
-        },
+    let name = config.name.as_str();
+    match &config.spec {
+        ProviderSpec::Exec(section) => Arc::new(exec::ExecProvider::new(section.clone())),
+        ProviderSpec::File(section) => Arc::new(file::FileProvider::new(section.clone())),
         #[cfg(feature = "aws")]
-        ProviderKind::Aws => aws::build(config),
+        ProviderSpec::Aws(section) => aws::build(name, section),
         #[cfg(feature = "gcp")]
-        ProviderKind::Gcp => gcp::build(config),
+        ProviderSpec::Gcp(section) => gcp::build(name, section),
         #[cfg(feature = "azure")]
-        ProviderKind::Azure => azure::build(config),
+        ProviderSpec::Azure(section) => azure::build(section),
         #[cfg(feature = "kubernetes-secret")]
-        ProviderKind::KubernetesSecret => kubernetes_secret::build(config),
+        ProviderSpec::KubernetesSecret(section) => kubernetes_secret::build(name, section),
+        // A type whose Cargo feature is off: accepted, and answered UNIMPLEMENTED.
         #[allow(unreachable_patterns)] // with every feature on, nothing lands here
-        _ => unbuilt(config),
+        other => Arc::new(unbuilt::Unbuilt::new(name, other.kind())),
     }
-}
-
-fn unbuilt(config: &ProviderConfig) -> Arc<dyn Provider> {
-    Arc::new(unbuilt::Unbuilt::new(&config.name, config.kind))
 }
 
 #[cfg(test)]

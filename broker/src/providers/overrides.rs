@@ -6,187 +6,51 @@
 //! writer's to set. Keys that pick the identity (an AWS role, an Entra tenant or audience) or
 //! the secret (a Secret's data key, context or name placeholder) would let that writer spend
 //! the broker's credentials on anything they reach: a confused deputy. So each provider type
-//! declares those keys here ([`AWS_KEYS`], [`AZURE_KEYS`], [`KUBERNETES_SECRET_KEYS`], plus
-//! kubernetesSecret's name placeholders), and one check ([`check`]) runs on every request
-//! before the provider sees it: a selector key is refused unless its value is the provider's
-//! own or matches a glob of the provider entry's `allowOverrides`. The cache key, the fetch
-//! and any future provider get the rule without doing anything.
+//! declares those keys in its config module (`OVERRIDE_KEYS` of `providers::aws::config`,
+//! `providers::azure::config`, `providers::kubernetes_secret::config`, plus kubernetesSecret's
+//! name placeholders; gathered by [`ProviderSpec::selector_keys`], and `allowOverrides` is
+//! checked against them when the config is loaded), and one check ([`check`]) runs on every
+//! request before the provider sees it: a selector key is refused unless its value is the
+//! provider's own or matches a glob of the provider entry's `allowOverrides`. The cache key,
+//! the fetch and any future provider get the rule without doing anything.
 //!
-//! This module works from the config alone (not the built provider), so `check-config`
-//! validates `allowOverrides` for every type, compiled in or not.
+//! This module works from the config alone (not the built provider), so the rule is the same
+//! for every type, compiled in or not.
 
-use std::borrow::Cow;
-
-use crate::config::{ProviderConfig, ProviderKind, SecretFormat, TemplatePart, template_parts};
+pub use crate::config::values::{Selector, SelectorKey};
+use crate::config::{ProviderConfig, ProviderSpec};
 use crate::request::TokenRequest;
 use crate::text::quote;
 
-/// A per-cluster key that selects an identity or a secret.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SelectorKey {
-    pub name: &'static str,
-    /// What the key picks, for the refusal message.
-    pub selects: &'static str,
-    /// The value may be a secret (an AWS external id): never echoed in a message.
-    pub secret: bool,
-}
-
-/// aws: each of these changes the principal the token is signed as.
-pub const AWS_KEYS: &[SelectorKey] = &[
-    SelectorKey {
-        name: "roleArn",
-        selects: "the IAM role the broker assumes with its own credentials",
-        secret: false,
-    },
-    SelectorKey {
-        name: "externalId",
-        selects: "the ExternalId sent with AssumeRole (the role owner's guard against confused deputies)",
-        secret: true,
-    },
-    SelectorKey {
-        name: "sessionName",
-        selects: "the role session name (trust policies and EKS username mappings can key on it)",
-        secret: false,
-    },
-];
-
-/// azure: the tenant picks the directory the identity signs into; the server id picks the
-/// token's audience, and since the same ClusterProfile writer also picks the server the token
-/// is sent to, an audience of their choosing hands them a token for any Entra application the
-/// broker's identity can reach.
-pub const AZURE_KEYS: &[SelectorKey] = &[
-    SelectorKey {
-        name: "tenantId",
-        selects: "the Entra tenant the token is issued in",
-        secret: false,
-    },
-    SelectorKey {
-        name: "serverId",
-        selects: "the token's audience (a token for that Entra application, sent to the server the ClusterProfile names)",
-        secret: false,
-    },
-];
-
-/// kubernetesSecret: which part of which Secret is served. Name placeholders other than
-/// `clusterName` (see [`selector_keys`]) pick the Secret itself.
-pub const KUBERNETES_SECRET_KEYS: &[SelectorKey] = &[
-    SelectorKey {
-        name: "key",
-        selects: "the data key of the Secret that is read",
-        secret: false,
-    },
-    SelectorKey {
-        name: "context",
-        selects: "the kubeconfig context whose user's credential is served",
-        secret: false,
-    },
-];
-
-/// What a name placeholder other than `clusterName` selects.
-const PLACEHOLDER_SELECTS: &str = "part of the name of the Secret that is read";
-
-/// The per-cluster keys of each type that only describe or locate the cluster: always
-/// allowed, listed so that `allowOverrides` naming one gets a precise answer.
-pub fn locating_keys(kind: ProviderKind) -> &'static [&'static str] {
-    match kind {
-        ProviderKind::Aws => &["clusterName", "clusterId", "region"],
-        // The provider watches one namespace and refuses any other, so `namespace` cannot
-        // select a Secret outside it.
-        ProviderKind::KubernetesSecret => &["clusterName", "namespace"],
-        ProviderKind::Gcp | ProviderKind::Azure | ProviderKind::File => &["clusterName"],
-        // A wrapped plugin gets the cluster config as client-go would give it: what the
-        // plugin makes of it is the plugin's policy, as it is without the broker.
-        ProviderKind::Exec => &[],
-    }
-}
-
-/// A selector key of one provider entry (a placeholder's name is not `'static`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Selector {
-    pub name: Cow<'static, str>,
-    pub selects: &'static str,
-    pub secret: bool,
-}
-
-/// The selector keys of one provider entry: its type's, and for kubernetesSecret its name
-/// placeholders other than `clusterName` (and `context` only with `format: kubeconfig`, the
-/// only format that reads it).
+/// The selector keys of one provider entry ([`ProviderSpec::selector_keys`]).
 pub fn selector_keys(config: &ProviderConfig) -> Vec<Selector> {
-    let fixed = |keys: &[SelectorKey]| -> Vec<Selector> {
-        keys.iter()
-            .map(|k| Selector {
-                name: Cow::Borrowed(k.name),
-                selects: k.selects,
-                secret: k.secret,
-            })
-            .collect()
-    };
-    match config.kind {
-        ProviderKind::Aws => fixed(AWS_KEYS),
-        ProviderKind::Azure => fixed(AZURE_KEYS),
-        ProviderKind::KubernetesSecret => {
-            let Some(section) = &config.kubernetes_secret else {
-                return Vec::new();
-            };
-            let mut keys = fixed(KUBERNETES_SECRET_KEYS);
-            if section.format != SecretFormat::Kubeconfig {
-                keys.retain(|k| k.name != "context");
-            }
-            for part in template_parts(&section.name_template).unwrap_or_default() {
-                if let TemplatePart::Placeholder(name) = part
-                    && name != "clusterName"
-                    && !keys.iter().any(|k| k.name == name)
-                {
-                    keys.push(Selector {
-                        name: Cow::Owned(name),
-                        selects: PLACEHOLDER_SELECTS,
-                        secret: false,
-                    });
-                }
-            }
-            keys
-        }
-        ProviderKind::Gcp | ProviderKind::Exec | ProviderKind::File => Vec::new(),
-    }
+    config.spec.selector_keys()
 }
 
 /// What the provider uses for `key` when the cluster does not say: a cluster repeating it is
 /// not an override.
 fn provider_value<'a>(config: &'a ProviderConfig, key: &str) -> Option<&'a str> {
-    match config.kind {
-        ProviderKind::Aws => {
-            let aws = config.aws.as_ref();
-            match key {
-                "roleArn" => aws?.role_arn.as_deref(),
-                "externalId" => aws?.external_id.as_deref(),
-                "sessionName" => aws
-                    .and_then(|a| a.session_name.as_deref())
-                    .or(DEFAULT_AWS_SESSION_NAME),
-                _ => None,
-            }
-        }
-        ProviderKind::Azure => {
-            let azure = config.azure.as_ref();
-            match key {
-                "tenantId" => azure?.tenant_id.as_deref(),
-                "serverId" => azure
-                    .and_then(|a| a.server_id.as_deref())
-                    .or(DEFAULT_AZURE_SERVER_ID),
-                _ => None,
-            }
-        }
-        ProviderKind::KubernetesSecret => {
-            let section = config.kubernetes_secret.as_ref()?;
-            match key {
-                "key" => Some(&section.key),
-                "context" => section.context.as_deref(),
-                placeholder => section
-                    .template_defaults
-                    .get(placeholder)
-                    .map(String::as_str),
-            }
-        }
-        ProviderKind::Gcp | ProviderKind::Exec | ProviderKind::File => None,
+    match &config.spec {
+        ProviderSpec::Aws(aws) => match key {
+            "roleArn" => aws.role_arn.as_deref(),
+            "externalId" => aws.external_id.as_deref(),
+            "sessionName" => aws.session_name.as_deref().or(DEFAULT_AWS_SESSION_NAME),
+            _ => None,
+        },
+        ProviderSpec::Azure(azure) => match key {
+            "tenantId" => azure.tenant_id.as_deref(),
+            "serverId" => azure.server_id.as_deref().or(DEFAULT_AZURE_SERVER_ID),
+            _ => None,
+        },
+        ProviderSpec::KubernetesSecret(section) => match key {
+            "key" => Some(&section.key),
+            "context" => section.context.as_deref(),
+            placeholder => section
+                .template_defaults
+                .get(placeholder)
+                .map(String::as_str),
+        },
+        ProviderSpec::Gcp(_) | ProviderSpec::Exec(_) | ProviderSpec::File(_) => None,
     }
 }
 
@@ -261,68 +125,6 @@ pub fn check(config: &ProviderConfig, req: &TokenRequest) -> Result<(), Override
         });
     }
     Ok(())
-}
-
-/// Checks a provider entry's `allowOverrides`; the returned path is relative to the entry.
-pub fn validate(config: &ProviderConfig) -> Result<(), (String, String)> {
-    if config.allow_overrides.is_empty() {
-        return Ok(());
-    }
-    let keys = selector_keys(config);
-    let kind = config.kind;
-    for (name, patterns) in &config.allow_overrides {
-        let at = format!("allowOverrides.{name}");
-        if !keys.iter().any(|k| k.name == name.as_str()) {
-            let message = if locating_keys(kind).contains(&name.as_str()) {
-                format!(
-                    "{name} only locates the cluster and is always allowed; remove it from allowOverrides"
-                )
-            } else if keys.is_empty() {
-                format!(
-                    "type {kind} has no per-cluster keys that select an identity or a secret, so nothing can be allowed; remove allowOverrides"
-                )
-            } else {
-                let list: Vec<&str> = keys.iter().map(|k| k.name.as_ref()).collect();
-                format!(
-                    "{name:?} is not a per-cluster key that provider type {kind} lets a cluster override{}; the overridable keys are: {}",
-                    if kind == ProviderKind::KubernetesSecret {
-                        " (its keys are key, context with format: kubeconfig, and the nameTemplate's placeholders other than clusterName)"
-                    } else {
-                        ""
-                    },
-                    list.join(", ")
-                )
-            };
-            return Err((at, message));
-        }
-        if patterns.is_empty() {
-            return Err((
-                at,
-                format!(
-                    "must list at least one glob pattern (* and ?), like [\"{}\"]; leave {name} out to refuse every per-cluster value",
-                    example_pattern(name)
-                ),
-            ));
-        }
-        for (i, pattern) in patterns.iter().enumerate() {
-            if pattern.is_empty() || pattern.chars().any(char::is_control) {
-                return Err((
-                    format!("{at}[{i}]"),
-                    "a pattern is a non-empty line of text (no control characters)".into(),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn example_pattern(key: &str) -> &'static str {
-    match key {
-        "roleArn" => "arn:aws:iam::111122223333:role/kueue-*",
-        "tenantId" => "11111111-2222-3333-4444-555555555555",
-        "serverId" => "6dae42f8-4368-4678-94ff-3960e28e3630",
-        _ => "team-*",
-    }
 }
 
 /// Whole-value glob match: `*` matches any run of characters (including none), `?` exactly

@@ -2,7 +2,7 @@
 //! is still accepted and validated, and every request gets a clear UNIMPLEMENTED error
 //! instead of the broker refusing to start.
 
-use crate::config::ProviderKind;
+use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
 
 use super::{BoxFuture, Credential, Provider, ProviderError};

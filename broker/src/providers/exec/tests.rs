@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use super::*;
-use crate::config::ConfigDuration;
+use crate::config::values::ConfigDuration;
 use crate::request::ClusterInfo;
 
 fn plugin(dir: &Path, body: &str) -> PathBuf {
@@ -412,7 +412,7 @@ async fn the_plugin_sees_exactly_the_environment_the_rule_gives() {
     // `cargo test` runs tests with CARGO_* set: none is on the default list.
     assert!(parent.keys().any(|k| k.starts_with("CARGO_")), "{parent:?}");
     let allowed = |name: &str, patterns: &[&str]| {
-        crate::config::DEFAULT_EXEC_PASS_ENV
+        DEFAULT_EXEC_PASS_ENV
             .iter()
             .chain(patterns)
             .any(|p| match p.strip_suffix('*') {

@@ -4,7 +4,7 @@ use k8s_openapi::ByteString;
 use kube::api::ObjectMeta;
 
 use super::*;
-use crate::config::{Config, ConfigDuration};
+use crate::config::{Config, ProviderSpec};
 use crate::request::ClusterInfo;
 
 /// A throwaway self-signed EC certificate made for these tests (CN kueue-admin), valid
@@ -32,12 +32,10 @@ fn config(yaml_section: &str) -> KubernetesSecretConfig {
     let text = format!(
         "providers:\n  - name: s\n    type: kubernetesSecret\n    kubernetesSecret: {yaml_section}\n"
     );
-    Config::parse(&text, "t")
-        .unwrap()
-        .providers
-        .remove(0)
-        .kubernetes_secret
-        .unwrap()
+    match Config::parse(&text, "t").unwrap().providers.remove(0).spec {
+        ProviderSpec::KubernetesSecret(section) => section,
+        other => panic!("{other:?}"),
+    }
 }
 
 fn req(config: serde_json::Value) -> TokenRequest {
@@ -544,69 +542,6 @@ fn debug_never_prints_the_store() {
     let printed = format!("{:?}", f.provider);
     assert!(!printed.contains("MATERIAL"), "{printed}");
     assert!(printed.contains("synced: true"), "{printed}");
-}
-
-#[test]
-fn config_defaults_and_validation() {
-    let c = config("{namespace: n}");
-    assert_eq!(c.name_template, "{clusterName}");
-    assert_eq!(c.key, "token");
-    assert_eq!(c.format, SecretFormat::Token);
-    assert_eq!(c.lifetime, ConfigDuration(HOUR));
-    let err = |section: &str| {
-        let text = format!(
-            "providers:\n  - name: s\n    type: kubernetesSecret\n    kubernetesSecret: {section}\n"
-        );
-        Config::parse(&text, "t").unwrap_err().to_string()
-    };
-    for (section, want) in [
-        ("{}", "kubernetesSecret: missing field `namespace`"),
-        (
-            "{namespace: Bad_NS}",
-            "kubernetesSecret.namespace: \"Bad_NS\" is not a namespace",
-        ),
-        (
-            "{namespace: n, nameTemplate: \"{clusterName\"}",
-            "kubernetesSecret.nameTemplate: unclosed",
-        ),
-        ("{namespace: n, nameTemplate: fixed}", "has no placeholder"),
-        (
-            "{namespace: n, nameTemplate: \"{clusterName}_x\"}",
-            "outside placeholders",
-        ),
-        (
-            "{namespace: n, nameTemplate: \"{cluster-name}\"}",
-            "is not a name",
-        ),
-        ("{namespace: n, key: \"a/b\"}", "kubernetesSecret.key"),
-        (
-            "{namespace: n, context: x}",
-            "only applies to format: kubeconfig",
-        ),
-        ("{namespace: n, format: yaml}", "unknown variant `yaml`"),
-        (
-            "{namespace: n, kubeconfig: rel/kc}",
-            "kubernetesSecret.kubeconfig: must be an absolute",
-        ),
-        (
-            "{namespace: n, labelSelector: \" \"}",
-            "kubernetesSecret.labelSelector",
-        ),
-        ("{namespace: n, lifetime: 0s}", "kubernetesSecret.lifetime"),
-        (
-            "{namespace: n, bogus: 1}",
-            "kubernetesSecret.bogus: unknown field",
-        ),
-    ] {
-        let e = err(section);
-        assert!(e.contains(want), "{section}: got {e:?}, want {want:?}");
-    }
-    let text = "providers:\n  - {name: s, type: kubernetesSecret}\n";
-    let e = Config::parse(text, "t").unwrap_err().to_string();
-    assert!(
-        e.contains("providers[0].kubernetesSecret: type kubernetesSecret needs"),
-        "{e}"
-    );
 }
 
 use serde_json::json;

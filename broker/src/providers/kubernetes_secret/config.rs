@@ -1,0 +1,306 @@
+//! The `kubernetesSecret` section of a provider entry (`type: kubernetesSecret`): the
+//! namespace watched, the Secret name template, the data key and format, their defaults and
+//! checks. Compiled in every build (serde only), so a build without the
+//! `kubernetes-secret` feature still explains it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::values::{
+    ConfigDuration, Selector, SelectorKey, TemplatePart, is_dns_label, is_placeholder_name,
+    is_secret_key, template_parts,
+};
+
+/// A Secret token that is not a JWT carries no expiry; client-go is told to come back after
+/// half of this (the cache's refresh rule). A rotated Secret is served at once through the
+/// watch whatever this says, so it only bounds how long a caller keeps a token unasked.
+pub const DEFAULT_SECRET_LIFETIME: Duration = Duration::from_secs(60 * 60);
+/// cluster-inventory-api's secretreader plugin (KEP-5339) reads this key, and OCM's
+/// managed-serviceaccount token Secrets hold the token under it too.
+pub const DEFAULT_SECRET_KEY: &str = "token";
+/// secretreader's layout: one Secret per cluster, named after the ClusterProfile.
+pub const DEFAULT_SECRET_NAME_TEMPLATE: &str = "{clusterName}";
+
+/// The per-cluster keys that select which part of which Secret is served (see
+/// `providers::overrides`). Name placeholders other than `clusterName` (see
+/// [`Config::selector_keys`]) pick the Secret itself.
+pub const OVERRIDE_KEYS: &[SelectorKey] = &[
+    SelectorKey {
+        name: "key",
+        selects: "the data key of the Secret that is read",
+        secret: false,
+    },
+    SelectorKey {
+        name: "context",
+        selects: "the kubeconfig context whose user's credential is served",
+        secret: false,
+    },
+];
+
+/// What a name placeholder other than `clusterName` selects.
+const PLACEHOLDER_SELECTS: &str = "part of the name of the Secret that is read";
+
+/// The per-cluster keys that only describe or locate the cluster: always allowed. The
+/// provider watches one namespace and refuses any other, so `namespace` cannot select a
+/// Secret outside it.
+pub const LOCATING_KEYS: &[&str] = &["clusterName", "namespace"];
+
+/// Credentials kept in Secrets of one namespace of the cluster the broker runs in (or the
+/// one a development kubeconfig points at), one Secret per worker cluster.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Config {
+    /// The one namespace watched: RBAC grants get/list/watch on Secrets there and nowhere else.
+    pub namespace: String,
+    /// The Secret's name; each `{key}` is filled from the cluster's exec config key of that
+    /// name, else from `templateDefaults`.
+    #[serde(default = "default_secret_name_template")]
+    pub name_template: String,
+    /// Values for placeholders the cluster's exec config does not carry, e.g. OCM's
+    /// ManagedServiceAccount name, which is the same for every cluster.
+    #[serde(default)]
+    pub template_defaults: BTreeMap<String, String>,
+    /// The Secret's data key holding the token or kubeconfig; a cluster's exec config key
+    /// `key` overrides it.
+    #[serde(default = "default_secret_key")]
+    pub key: String,
+    #[serde(default)]
+    pub format: SecretFormat,
+    /// For `format: kubeconfig`: the context whose user is taken (default: the kubeconfig's
+    /// current-context); a cluster's exec config key `context` overrides it.
+    #[serde(default)]
+    pub context: Option<String>,
+    /// Only Secrets matching this label selector are watched (and served).
+    #[serde(default)]
+    pub label_selector: Option<String>,
+    /// A kubeconfig file for reaching the API server during development; unset means the
+    /// in-cluster ServiceAccount.
+    #[serde(default)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Expiry of a token that is not a JWT with an `exp` claim.
+    #[serde(default = "default_secret_lifetime")]
+    pub lifetime: ConfigDuration,
+}
+
+/// What the Secret's key holds.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum SecretFormat {
+    /// A bearer token (secretreader, OCM managed-serviceaccount).
+    #[default]
+    Token,
+    /// A kubeconfig whose selected user has a token or a client certificate and key
+    /// (cluster-inventory-api's kubeconfig-secretreader).
+    Kubeconfig,
+}
+
+fn default_secret_name_template() -> String {
+    DEFAULT_SECRET_NAME_TEMPLATE.to_owned()
+}
+fn default_secret_key() -> String {
+    DEFAULT_SECRET_KEY.to_owned()
+}
+fn default_secret_lifetime() -> ConfigDuration {
+    ConfigDuration(DEFAULT_SECRET_LIFETIME)
+}
+
+impl Config {
+    /// The selector keys of this entry: [`OVERRIDE_KEYS`] (`context` only with
+    /// `format: kubeconfig`, the only format that reads it) and the name placeholders other
+    /// than `clusterName`.
+    pub fn selector_keys(&self) -> Vec<Selector> {
+        let mut keys: Vec<Selector> = OVERRIDE_KEYS.iter().map(Selector::from).collect();
+        if self.format != SecretFormat::Kubeconfig {
+            keys.retain(|k| k.name != "context");
+        }
+        for part in template_parts(&self.name_template).unwrap_or_default() {
+            if let TemplatePart::Placeholder(name) = part
+                && name != "clusterName"
+                && !keys.iter().any(|k| k.name == name)
+            {
+                keys.push(Selector {
+                    name: name.into(),
+                    selects: PLACEHOLDER_SELECTS,
+                    secret: false,
+                });
+            }
+        }
+        keys
+    }
+
+    /// Checks the fields; the returned path is relative to the `kubernetesSecret` section.
+    pub(crate) fn validate(&self) -> Result<(), (String, String)> {
+        if !is_dns_label(&self.namespace) {
+            return Err((
+                "namespace".into(),
+                format!(
+                    "{:?} is not a namespace name (lowercase letters, digits and '-', at most 63)",
+                    self.namespace
+                ),
+            ));
+        }
+        let parts = template_parts(&self.name_template).map_err(|m| ("nameTemplate".into(), m))?;
+        for part in &parts {
+            if let TemplatePart::Literal(text) = part
+                && !text
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'))
+            {
+                return Err((
+                    "nameTemplate".into(),
+                    format!(
+                        "{:?} has {text:?} outside placeholders: a Secret name has only lowercase letters, digits, '-' and '.'",
+                        self.name_template
+                    ),
+                ));
+            }
+        }
+        if !parts
+            .iter()
+            .any(|p| matches!(p, TemplatePart::Placeholder(_)))
+        {
+            return Err((
+                "nameTemplate".into(),
+                format!(
+                    "{:?} has no placeholder such as {{clusterName}}: every cluster would get the same Secret",
+                    self.name_template
+                ),
+            ));
+        }
+        for name in self.template_defaults.keys() {
+            if !is_placeholder_name(name) {
+                return Err((
+                    format!("templateDefaults.{name}"),
+                    "a placeholder name has only letters, digits and '_'".into(),
+                ));
+            }
+        }
+        if !is_secret_key(&self.key) {
+            return Err((
+                "key".into(),
+                format!(
+                    "{:?} is not a Secret data key (letters, digits, '-', '_', '.')",
+                    self.key
+                ),
+            ));
+        }
+        if self.context.is_some() && self.format != SecretFormat::Kubeconfig {
+            return Err((
+                "context".into(),
+                "a context only applies to format: kubeconfig".into(),
+            ));
+        }
+        if self.context.as_deref() == Some("") {
+            return Err(("context".into(), "must not be empty".into()));
+        }
+        if let Some(selector) = &self.label_selector
+            && selector.trim().is_empty()
+        {
+            return Err((
+                "labelSelector".into(),
+                "must not be empty; leave it out to watch every Secret of the namespace".into(),
+            ));
+        }
+        if let Some(path) = &self.kubeconfig
+            && !path.is_absolute()
+        {
+            return Err((
+                "kubeconfig".into(),
+                format!("must be an absolute path, got {path:?}"),
+            ));
+        }
+        if self.lifetime.0 < Duration::from_secs(1) {
+            return Err(("lifetime".into(), "must be at least 1s".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config as BrokerConfig, ProviderSpec};
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn config(yaml_section: &str) -> Config {
+        let text = format!(
+            "providers:\n  - name: s\n    type: kubernetesSecret\n    kubernetesSecret: {yaml_section}\n"
+        );
+        match BrokerConfig::parse(&text, "t")
+            .unwrap()
+            .providers
+            .remove(0)
+            .spec
+        {
+            ProviderSpec::KubernetesSecret(section) => section,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn config_defaults_and_validation() {
+        let c = config("{namespace: n}");
+        assert_eq!(c.name_template, "{clusterName}");
+        assert_eq!(c.key, "token");
+        assert_eq!(c.format, SecretFormat::Token);
+        assert_eq!(c.lifetime, ConfigDuration(HOUR));
+        let err = |section: &str| {
+            let text = format!(
+                "providers:\n  - name: s\n    type: kubernetesSecret\n    kubernetesSecret: {section}\n"
+            );
+            BrokerConfig::parse(&text, "t").unwrap_err().to_string()
+        };
+        for (section, want) in [
+            ("{}", "kubernetesSecret: missing field `namespace`"),
+            (
+                "{namespace: Bad_NS}",
+                "kubernetesSecret.namespace: \"Bad_NS\" is not a namespace",
+            ),
+            (
+                "{namespace: n, nameTemplate: \"{clusterName\"}",
+                "kubernetesSecret.nameTemplate: unclosed",
+            ),
+            ("{namespace: n, nameTemplate: fixed}", "has no placeholder"),
+            (
+                "{namespace: n, nameTemplate: \"{clusterName}_x\"}",
+                "outside placeholders",
+            ),
+            (
+                "{namespace: n, nameTemplate: \"{cluster-name}\"}",
+                "is not a name",
+            ),
+            ("{namespace: n, key: \"a/b\"}", "kubernetesSecret.key"),
+            (
+                "{namespace: n, context: x}",
+                "only applies to format: kubeconfig",
+            ),
+            ("{namespace: n, format: yaml}", "unknown variant `yaml`"),
+            (
+                "{namespace: n, kubeconfig: rel/kc}",
+                "kubernetesSecret.kubeconfig: must be an absolute",
+            ),
+            (
+                "{namespace: n, labelSelector: \" \"}",
+                "kubernetesSecret.labelSelector",
+            ),
+            ("{namespace: n, lifetime: 0s}", "kubernetesSecret.lifetime"),
+            (
+                "{namespace: n, bogus: 1}",
+                "kubernetesSecret.bogus: unknown field",
+            ),
+        ] {
+            let e = err(section);
+            assert!(e.contains(want), "{section}: got {e:?}, want {want:?}");
+        }
+        let text = "providers:\n  - {name: s, type: kubernetesSecret}\n";
+        let e = BrokerConfig::parse(text, "t").unwrap_err().to_string();
+        assert!(
+            e.contains("providers[0].kubernetesSecret: type kubernetesSecret needs"),
+            "{e}"
+        );
+    }
+}
