@@ -32,7 +32,7 @@ use aws_credential_types::provider::error::CredentialsError;
 use crate::config::{AwsConfig, AwsStsEndpoint, ProviderConfig, ProviderKind};
 use crate::request::TokenRequest;
 
-use super::{BoxFuture, Credential, Provider, ProviderError};
+use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 use creds::{Failure, HeldCredentials};
 
 /// `RoleSessionName` when neither the provider nor the cluster names one: says in
@@ -248,8 +248,11 @@ impl AwsProvider {
             .await
     }
 
-    async fn fetch_token(&self, req: &TokenRequest) -> Result<Credential, ProviderError> {
-        let target = self.target(req)?;
+    async fn fetch_token(
+        &self,
+        req: &TokenRequest,
+        target: &Target,
+    ) -> Result<Credential, ProviderError> {
         let label = req.cluster_label();
         let sdk = self.sdk().await;
         let region = match target.region.clone() {
@@ -393,7 +396,7 @@ impl Provider for AwsProvider {
 
     /// Region + cluster + role (+ a hash of the external id, which may be a secret): each
     /// cluster's token is its own, signed for its `x-k8s-aws-id`.
-    fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
+    fn resolve(&self, req: &TokenRequest) -> Result<Resolved, ProviderError> {
         let target = self.target(req)?;
         let mut id = format!(
             "region={} cluster={} sts={}",
@@ -412,13 +415,14 @@ impl Provider for AwsProvider {
                 id.push_str(&format!(" externalId#{:016x}", h.finish()));
             }
         }
-        Ok(id)
+        Ok(Resolved::new(id, target))
     }
 
     fn fetch<'a>(
         &'a self,
         req: &'a TokenRequest,
+        target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
-        Box::pin(self.fetch_token(req))
+        Box::pin(async move { self.fetch_token(req, target.target()?).await })
     }
 }

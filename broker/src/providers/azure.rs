@@ -42,7 +42,7 @@ use tokio::sync::OnceCell;
 use crate::config::{AzureConfig, AzureCredential, ProviderConfig, ProviderKind};
 use crate::request::TokenRequest;
 
-use super::{BoxFuture, Credential, Provider, ProviderError};
+use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 
 mod aadsts;
 mod certificate;
@@ -557,8 +557,7 @@ impl AzureProvider {
         }
     }
 
-    async fn get(&self, req: &TokenRequest) -> Result<Credential, ProviderError> {
-        let target = self.target(req)?;
+    async fn get(&self, target: &Target) -> Result<Credential, ProviderError> {
         let clients = self.clients()?.clone();
         let kind = self.kind(&clients).await?;
         // This request's transport notes the error answer, if any, for `classify`.
@@ -568,7 +567,7 @@ impl AzureProvider {
             remote: remote.clone(),
             local: local.clone(),
         };
-        let (credential, label) = self.build_credential(kind, &target, &recording)?;
+        let (credential, label) = self.build_credential(kind, target, &recording)?;
         let scopes = [target.scope.as_str()];
         let token = credential.get_token(&scopes, None).await.map_err(|e| {
             let answer = remote.failed().or_else(|| local.failed());
@@ -590,7 +589,7 @@ impl Provider for AzureProvider {
     }
 
     /// Credential + client + tenant + scope: every cluster that shares them shares a token.
-    fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
+    fn resolve(&self, req: &TokenRequest) -> Result<Resolved, ProviderError> {
         let target = self.target(req)?;
         let client = self
             .config
@@ -598,19 +597,21 @@ impl Provider for AzureProvider {
             .as_deref()
             .or_else(|| self.client_id())
             .unwrap_or("-");
-        Ok(format!(
+        let key = format!(
             "credential={} client={client} tenant={} scope={}",
             self.credential(),
             target.tenant.as_deref().unwrap_or("-"),
             target.scope
-        ))
+        );
+        Ok(Resolved::new(key, target))
     }
 
     fn fetch<'a>(
         &'a self,
-        req: &'a TokenRequest,
+        _req: &'a TokenRequest,
+        target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
-        Box::pin(self.get(req))
+        Box::pin(async move { self.get(target.target()?).await })
     }
 }
 

@@ -49,7 +49,7 @@ use serde_json::Value;
 use crate::config::{GcpConfig, ProviderConfig, ProviderKind};
 use crate::request::TokenRequest;
 
-use super::{BoxFuture, Credential, Provider, ProviderError};
+use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 
 mod http;
 mod library;
@@ -385,17 +385,16 @@ impl Provider for GcpProvider {
     }
 
     /// The same for every cluster: the credential's identity, the scopes, the impersonation.
-    fn identity(&self, _req: &TokenRequest) -> Result<String, ProviderError> {
-        Ok(format!(
-            "{}{}",
-            self.source_identity()?,
-            self.identity_suffix
-        ))
+    /// No target: the token depends on the broker's credentials only, which `fetch` locates.
+    fn resolve(&self, _req: &TokenRequest) -> Result<Resolved, ProviderError> {
+        let key = format!("{}{}", self.source_identity()?, self.identity_suffix);
+        Ok(Resolved::new(key, ()))
     }
 
     fn fetch<'a>(
         &'a self,
         _req: &'a TokenRequest,
+        _target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
         Box::pin(self.fetch_token())
     }

@@ -32,7 +32,9 @@ use crate::config::{
 };
 use crate::request::TokenRequest;
 
-use super::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Secret as Hidden};
+use super::{
+    BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Resolved, Secret as Hidden,
+};
 
 /// How long a call waits for the first list of the namespace's Secrets. A list of one
 /// namespace answers in well under a second on a healthy API server; 10 s leaves room for
@@ -174,8 +176,7 @@ impl KubernetesSecretProvider {
         )
     }
 
-    async fn read(&self, req: &TokenRequest) -> Result<Credential, ProviderError> {
-        let target = self.target(req)?;
+    async fn read(&self, target: &Target) -> Result<Credential, ProviderError> {
         let watch = self.watch();
         watch.synced(&self.config.namespace).await?;
         let namespace = &self.config.namespace;
@@ -198,7 +199,7 @@ impl KubernetesSecretProvider {
                 "serving a Secret from the last state seen: the watch on the API server is down"
             );
         }
-        let what = self.describe(&target);
+        let what = self.describe(target);
         let data = secret
             .data
             .as_ref()
@@ -240,7 +241,7 @@ impl Provider for KubernetesSecretProvider {
         ProviderKind::KubernetesSecret
     }
 
-    fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
+    fn resolve(&self, req: &TokenRequest) -> Result<Resolved, ProviderError> {
         let target = self.target(req)?;
         let mut identity = format!(
             "{}/{} key {}",
@@ -250,20 +251,21 @@ impl Provider for KubernetesSecretProvider {
             identity.push_str(" context ");
             identity.push_str(context);
         }
-        Ok(identity)
+        Ok(Resolved::new(identity, target))
     }
 
     fn fetch<'a>(
         &'a self,
-        req: &'a TokenRequest,
+        _req: &'a TokenRequest,
+        target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
-        Box::pin(self.read(req))
+        Box::pin(async move { self.read(target.target()?).await })
     }
 
     /// One store lookup: the Secret the credential came from must still be there with the
     /// same uid and resourceVersion.
-    fn is_current(&self, req: &TokenRequest, cached: &Credential) -> bool {
-        let (Some(watch), Ok(target)) = (self.watch.get(), self.target(req)) else {
+    fn is_current(&self, target: &Resolved, cached: &Credential) -> bool {
+        let (Some(watch), Ok(target)) = (self.watch.get(), target.target::<Target>()) else {
             return false;
         };
         watch
