@@ -433,7 +433,7 @@ async fn run_watch(
             }
             Ok(_) => {}
             Err(error) => {
-                let error = with_root_cause(&error);
+                let error = super::upstream::error_chain(&error);
                 let was_connected = status.borrow().connected;
                 status.send_modify(|s| {
                     s.connected = false;
@@ -451,23 +451,6 @@ async fn run_watch(
                 }
             }
         }
-    }
-}
-
-/// The error with its root cause: kube's messages say what failed ("failed to perform
-/// initial object list: ServiceError: client error (Connect)"), the innermost source says
-/// why ("tcp connect error: Connection refused"). Middle layers repeat one another.
-fn with_root_cause(error: &dyn std::error::Error) -> String {
-    let message = error.to_string();
-    let mut root = None;
-    let mut next = error.source();
-    while let Some(e) = next {
-        root = Some(e.to_string());
-        next = e.source();
-    }
-    match root {
-        Some(root) if !message.contains(&root) => format!("{message}: {root}"),
-        _ => message,
     }
 }
 

@@ -28,6 +28,13 @@ pub mod jwt;
 pub mod kubernetes_secret;
 pub mod overrides;
 pub mod unbuilt;
+#[cfg(any(
+    feature = "aws",
+    feature = "gcp",
+    feature = "azure",
+    feature = "kubernetes-secret"
+))]
+pub mod upstream;
 
 /// A boxed future, so providers stay object-safe behind `Arc<dyn Provider>`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -669,3 +669,16 @@ fn map_of_config_keys_is_read_as_strings() {
         "12345"
     );
 }
+
+/// The SDK's trust store gets the roots as one PEM bundle; it must hold every root.
+#[test]
+fn pem_round_trips() {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject as _;
+    let system = upstream::trust_roots(&CertEnv::default()).certs;
+    let pem = to_pem(&system);
+    let back: Vec<_> = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(back, system);
+}
