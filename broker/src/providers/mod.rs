@@ -28,12 +28,8 @@ pub mod jwt;
 pub mod kubernetes_secret;
 pub mod overrides;
 pub mod unbuilt;
-#[cfg(any(
-    feature = "aws",
-    feature = "gcp",
-    feature = "azure",
-    feature = "kubernetes-secret"
-))]
+/// Always built (its error-chain printer has no dependency); its trust roots and HTTP client
+/// only with a cloud provider's feature.
 pub mod upstream;
 
 /// A boxed future, so providers stay object-safe behind `Arc<dyn Provider>`.

@@ -1,5 +1,5 @@
 //! One way to reach an upstream, for every provider that calls one over HTTPS (aws, gcp,
-//! azure) or reports a library's error (kubernetesSecret too):
+//! azure) or reports a library's error (kubernetesSecret and `credbroker health` too):
 //!
 //! - **Trust roots** ([`trust_roots`]): the system store ∪ `SSL_CERT_FILE` ∪ `SSL_CERT_DIR`,
 //!   always. The variables add CAs (a TLS-inspecting proxy's, a private endpoint's, a test
