@@ -9,7 +9,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use credbroker_proto::v1::GetTokenRequest;
 
-use crate::cache::{Cache, CacheError, CacheKey, CacheSettings, Served, UPSTREAM_TIMEOUT};
+use crate::cache::{Cache, CacheError, CacheSettings, Served, UPSTREAM_TIMEOUT};
 use crate::config::{Config, LimitsConfig, ProviderConfig};
 use crate::metrics::{self, Metrics};
 use crate::providers::overrides::{self, OverrideError};
@@ -273,12 +273,8 @@ impl Broker {
                 }
             })?;
         }
-        let identity = provider.identity(&req).map_err(|e| failed(e.into()))?;
-        let key = CacheKey {
-            provider: req.provider.as_str().into(),
-            identity,
-        };
-        match self.cache.get(key, provider, &req).await {
+        let target = provider.resolve(&req).map_err(|e| failed(e.into()))?;
+        match self.cache.get(provider, &req, &target).await {
             Ok(served) => Ok((served, req)),
             Err(e) => Err(failed(e)),
         }

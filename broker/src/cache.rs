@@ -25,7 +25,7 @@ use futures_util::future::Shared;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::providers::{BoxFuture, Credential, Provider, ProviderError};
+use crate::providers::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 use crate::request::{StoredRequest, TokenRequest};
 
 /// The design's rule: refresh at about half the lifetime, so a refresh that fails has the
@@ -64,11 +64,21 @@ pub const MAX_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
 /// held credential out.
 pub const MAX_REMEMBERED_FAILURES: usize = 1024;
 
-/// Which credential an entry holds: the provider's name and the identity it derived.
+/// Which credential an entry holds: the provider's name and the identity it resolved.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CacheKey {
     pub provider: Arc<str>,
     pub identity: String,
+}
+
+impl CacheKey {
+    /// The key of what `provider` resolved a request to.
+    pub fn new(provider: &str, resolved: &Resolved) -> Self {
+        Self {
+            provider: provider.into(),
+            identity: resolved.key().to_owned(),
+        }
+    }
 }
 
 /// How a request was answered, for logs and metrics.
@@ -331,9 +341,9 @@ struct State {
     retry_at: Option<Instant>,
     last_error: Option<CacheError>,
     last_access: Option<Instant>,
-    /// The request of the last upstream call, so an operator's forced refresh can fetch
-    /// without a caller.
-    last_request: Option<StoredRequest>,
+    /// The request of the last upstream call and what it resolved to, so an operator's
+    /// forced refresh can fetch without a caller.
+    last_request: Option<(StoredRequest, Resolved)>,
     /// Sorted, at most [`LISTED_CLUSTERS`]. A `Vec`, not a `BTreeSet`: most entries serve
     /// one cluster (an EKS token per cluster), and a set's first node alone takes about
     /// 300 bytes per entry (BENCHMARKS.md, memory).
@@ -399,14 +409,16 @@ impl Cache {
         self
     }
 
-    /// Serves the credential for `key`, fetching it with `provider` on a miss. A hit never
+    /// Serves the credential for what `provider` resolved `req` to (keyed on the provider's
+    /// name and the resolved identity), fetching it with `provider` on a miss. A hit never
     /// waits on upstream; concurrent misses for one key share one fetch.
     pub async fn get(
         &self,
-        key: CacheKey,
         provider: &Arc<dyn Provider>,
         req: &TokenRequest,
+        target: &Resolved,
     ) -> Result<Served, CacheError> {
+        let key = CacheKey::new(&req.provider, target);
         let (slot, placed_as) = self.inner.slot_for(&key);
         let (fetch, outcome, moved) = {
             let mut st = slot.lock();
@@ -414,14 +426,14 @@ impl Cache {
             st.last_access = Some(now);
             st.note_request(req);
             if let Some(fresh) = &st.current {
-                if now < fresh.serve_until && provider.is_current(req, &fresh.credential) {
+                if now < fresh.serve_until && provider.is_current(target, &fresh.credential) {
                     let due = now >= fresh.refresh_at;
                     let served = fresh.serve(now, if due { Outcome::Stale } else { Outcome::Hit });
                     let may_retry = st.retry_at.is_none_or(|at| now >= at);
                     st.hits += 1;
                     if due && st.inflight.is_none() && may_retry {
                         // Refresh ahead in the background; this caller does not wait.
-                        drop(self.start_fetch(&key, &slot, &mut st, provider, req, true));
+                        drop(self.start_fetch(&slot, &mut st, provider, req, target, true));
                     }
                     return Ok(served);
                 }
@@ -445,7 +457,7 @@ impl Cache {
                     return Err(err);
                 }
                 (
-                    self.start_fetch(&key, &slot, &mut st, provider, req, false),
+                    self.start_fetch(&slot, &mut st, provider, req, target, false),
                     Outcome::Miss,
                 )
             };
@@ -463,22 +475,24 @@ impl Cache {
     /// Starts the one upstream call for a slot. It runs in its own task, so it completes
     /// (and fills the cache) even when every caller waiting on it has given up. It first
     /// waits for one of the provider's permits (at most the upstream timeout), then the call
-    /// itself gets the upstream timeout.
+    /// itself gets the upstream timeout. The slot is the one `req`'s provider name and `target`
+    /// key.
     fn start_fetch(
         &self,
-        key: &CacheKey,
         slot: &Arc<Slot>,
         st: &mut State,
         provider: &Arc<dyn Provider>,
         req: &TokenRequest,
+        target: &Resolved,
         background: bool,
     ) -> Inflight {
-        st.last_request = Some(StoredRequest::new(req));
+        st.last_request = Some((StoredRequest::new(req), target.clone()));
         let inner = Arc::clone(&self.inner);
-        let key = key.clone();
+        let key = CacheKey::new(&req.provider, target);
         let slot = Arc::clone(slot);
         let provider = Arc::clone(provider);
         let req = req.clone();
+        let target = target.clone();
         let gate = self.inner.gate(&key.provider);
         let task = tokio::spawn(async move {
             let timeout = inner.settings.upstream_timeout;
@@ -487,7 +501,7 @@ impl Cache {
             let started = Instant::now();
             let result = match permit {
                 Ok(Ok(_permit)) => {
-                    let fetch = AssertUnwindSafe(provider.fetch(&req)).catch_unwind();
+                    let fetch = AssertUnwindSafe(provider.fetch(&req, &target)).catch_unwind();
                     match tokio::time::timeout(timeout, fetch).await {
                         Ok(Ok(result)) => result.map_err(CacheError::from),
                         Ok(Err(_panic)) => Err(CacheError::Internal(format!(
@@ -616,10 +630,14 @@ impl Cache {
             let mut st = slot.lock();
             let fetch = match (
                 &st.inflight,
-                st.last_request.as_ref().map(StoredRequest::request),
+                st.last_request
+                    .as_ref()
+                    .map(|(req, target)| (req.request(), target.clone())),
             ) {
                 (Some(inflight), _) => inflight.clone(),
-                (None, Some(req)) => self.start_fetch(key, &slot, &mut st, provider, &req, true),
+                (None, Some((req, target))) => {
+                    self.start_fetch(&slot, &mut st, provider, &req, &target, true)
+                }
                 (None, None) => {
                     return Err(CacheError::Internal(
                         "the entry has never been asked for".into(),

@@ -175,7 +175,7 @@ async fn health_check(socket: &std::path::Path, service: String) -> Result<Strin
             format!(
                 "cannot connect to {}: {}",
                 socket.display(),
-                source_chain(&e)
+                credbroker::providers::upstream::error_chain(&e)
             )
         })?;
     let reply = HealthClient::new(channel)
@@ -189,21 +189,6 @@ async fn health_check(socket: &std::path::Path, service: String) -> Result<Strin
             )
         })?;
     Ok(reply.into_inner().status().as_str_name().to_owned())
-}
-
-/// `e` and its causes, each said once: some errors (tonic's transport error) already
-/// print their cause in their own message.
-fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            out = format!("{out}: {text}");
-        }
-        next = cause.source();
-    }
-    out
 }
 
 /// Log targets never shown below these levels, because their verbose output includes

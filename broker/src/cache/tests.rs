@@ -51,7 +51,9 @@ async fn get(
     provider: &Arc<dyn Provider>,
     cluster: &str,
 ) -> Result<Served, CacheError> {
-    cache.get(key(cluster), provider, &req(cluster)).await
+    let req = req(cluster);
+    let target = provider.resolve(&req)?;
+    cache.get(provider, &req, &target).await
 }
 
 fn token(served: &Served) -> &str {
@@ -511,12 +513,13 @@ mod properties {
         fn kind(&self) -> ProviderKind {
             ProviderKind::Exec
         }
-        fn identity(&self, _: &TokenRequest) -> Result<String, ProviderError> {
-            Ok("one".into())
+        fn resolve(&self, _: &TokenRequest) -> Result<Resolved, ProviderError> {
+            Ok(Resolved::new("one", ()))
         }
         fn fetch<'a>(
             &'a self,
             _: &'a TokenRequest,
+            _: &'a Resolved,
         ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
             Box::pin(async move {
                 if self.failing.load(Ordering::SeqCst) {

@@ -13,7 +13,6 @@
 
 pub mod config;
 mod creds;
-mod http;
 mod token;
 
 #[cfg(test)]
@@ -35,7 +34,8 @@ use crate::config::values::ProviderKind;
 use self::config::{AwsStsEndpoint, Config as AwsConfig};
 use crate::request::TokenRequest;
 
-use super::{BoxFuture, Credential, Provider, ProviderError};
+use super::upstream::{self, CertEnv};
+use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 use creds::{Failure, HeldCredentials};
 
 /// `RoleSessionName` when neither the provider nor the cluster names one: says in
@@ -226,7 +226,7 @@ impl AwsProvider {
         self.sdk
             .get_or_init(|| async {
                 let mut loader =
-                    aws_config::defaults(BehaviorVersion::latest()).http_client(http::client());
+                    aws_config::defaults(BehaviorVersion::latest()).http_client(sdk_http_client());
                 if let Some(region) = &self.config.region {
                     loader = loader.region(Region::new(region.clone()));
                 }
@@ -248,8 +248,11 @@ impl AwsProvider {
             .await
     }
 
-    async fn fetch_token(&self, req: &TokenRequest) -> Result<Credential, ProviderError> {
-        let target = self.target(req)?;
+    async fn fetch_token(
+        &self,
+        req: &TokenRequest,
+        target: &Target,
+    ) -> Result<Credential, ProviderError> {
         let label = req.cluster_label();
         let sdk = self.sdk().await;
         let region = match target.region.clone() {
@@ -345,7 +348,8 @@ impl AwsProvider {
 
     /// An SDK credential failure as the broker reports it: which source, what to check.
     fn failure(&self, error: &CredentialsError, role: Option<&Role>) -> ProviderError {
-        let detail = creds::describe(error);
+        // The SDK's errors carry codes, messages, request ids and paths, never keys or tokens.
+        let detail = upstream::error_chain(error);
         let source = match role {
             Some(role) => format!("assuming role {}", role.arn),
             None => "getting credentials from the AWS default chain".to_owned(),
@@ -393,7 +397,7 @@ impl Provider for AwsProvider {
 
     /// Region + cluster + role (+ a hash of the external id, which may be a secret): each
     /// cluster's token is its own, signed for its `x-k8s-aws-id`.
-    fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
+    fn resolve(&self, req: &TokenRequest) -> Result<Resolved, ProviderError> {
         let target = self.target(req)?;
         let mut id = format!(
             "region={} cluster={} sts={}",
@@ -412,13 +416,63 @@ impl Provider for AwsProvider {
                 id.push_str(&format!(" externalId#{:016x}", h.finish()));
             }
         }
-        Ok(id)
+        Ok(Resolved::new(id, target))
     }
 
     fn fetch<'a>(
         &'a self,
         req: &'a TokenRequest,
+        target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
-        Box::pin(self.fetch_token(req))
+        Box::pin(async move { self.fetch_token(req, target.target()?).await })
     }
+}
+
+/// The client for the SDK's own calls (STS AssumeRole and AssumeRoleWithWebIdentity,
+/// container credentials, instance metadata): the SDK's default hyper + rustls client on
+/// aws-lc-rs, with `HTTPS_PROXY` / `NO_PROXY` from the environment, trusting
+/// [`upstream::trust_roots`] like every other provider. The SDK's default would read
+/// `SSL_CERT_FILE` / `SSL_CERT_DIR` *instead of* the system store, which breaks real STS the
+/// moment a private CA is added for a proxy or a test fake.
+fn sdk_http_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
+    use aws_smithy_http_client::proxy::ProxyConfig;
+    use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
+    use aws_smithy_http_client::{Builder, ConnectorBuilder};
+
+    let roots = upstream::trust_roots(&CertEnv::from_process());
+    roots.log();
+    let store = TrustStore::empty().with_pem_certificate(to_pem(&roots.certs).into_bytes());
+    let context = TlsContext::builder()
+        .with_trust_store(store)
+        .build()
+        .unwrap_or_default();
+    // What the SDK's `default_https_client` does for behavior version 2025-08-07 and later,
+    // with our trust store.
+    Builder::new().build_with_connector_fn(move |settings, components| {
+        let mut builder = ConnectorBuilder::default().tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::AwsLc,
+        ));
+        builder.set_connector_settings(settings.cloned());
+        if let Some(components) = components {
+            builder.set_sleep_impl(components.sleep_impl());
+        }
+        builder.set_proxy_config(Some(ProxyConfig::from_env()));
+        builder.tls_context(context.clone()).build()
+    })
+}
+
+/// Certificates as one PEM bundle (what the SDK's trust store takes).
+fn to_pem(certs: &[rustls_pki_types::CertificateDer<'_>]) -> String {
+    use base64::Engine as _;
+    let mut pem = String::new();
+    for cert in certs {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in b64.as_bytes().chunks(64) {
+            pem.push_str(&String::from_utf8_lossy(line));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    pem
 }

@@ -44,12 +44,12 @@ use crate::config::values::ProviderKind;
 use self::config::{AzureCredential, Config as AzureConfig};
 use crate::request::TokenRequest;
 
-use super::{BoxFuture, Credential, Provider, ProviderError};
+use super::upstream::{self, Route};
+use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 
 mod aadsts;
 mod certificate;
 pub mod config;
-mod http;
 #[cfg(test)]
 mod tests;
 
@@ -178,6 +178,29 @@ pub(crate) struct Clients {
     local: Arc<dyn HttpClient>,
 }
 
+/// The remote (proxied) and local (never proxied) clients, with the rules every provider's
+/// client shares ([`upstream::http_client`]).
+fn build_clients() -> Result<Clients, String> {
+    // Token endpoints do not redirect; following one would send the assertion on.
+    let builder = |route| upstream::http_client(route).redirect(reqwest::redirect::Policy::none());
+    let remote = builder(Route::Remote).build().map_err(|e| {
+        format!(
+            "cannot set up the HTTPS client: {}",
+            upstream::error_chain(&e)
+        )
+    })?;
+    let local = builder(Route::Local).build().map_err(|e| {
+        format!(
+            "cannot set up the HTTP client: {}",
+            upstream::error_chain(&e)
+        )
+    })?;
+    Ok(Clients {
+        remote: Arc::new(remote),
+        local: Arc::new(local),
+    })
+}
+
 /// A `type: azure` provider.
 #[derive(Debug)]
 pub struct AzureProvider {
@@ -298,7 +321,7 @@ impl AzureProvider {
         if let Some(c) = self.clients.get() {
             return Ok(c);
         }
-        let built = http::build_clients().map_err(ProviderError::Unavailable)?;
+        let built = build_clients().map_err(ProviderError::Unavailable)?;
         // Another fetch may have won the race; either client is as good.
         let _ = self.clients.set(built);
         self.clients
@@ -557,8 +580,7 @@ impl AzureProvider {
         }
     }
 
-    async fn get(&self, req: &TokenRequest) -> Result<Credential, ProviderError> {
-        let target = self.target(req)?;
+    async fn get(&self, target: &Target) -> Result<Credential, ProviderError> {
         let clients = self.clients()?.clone();
         let kind = self.kind(&clients).await?;
         // This request's transport notes the error answer, if any, for `classify`.
@@ -568,7 +590,7 @@ impl AzureProvider {
             remote: remote.clone(),
             local: local.clone(),
         };
-        let (credential, label) = self.build_credential(kind, &target, &recording)?;
+        let (credential, label) = self.build_credential(kind, target, &recording)?;
         let scopes = [target.scope.as_str()];
         let token = credential.get_token(&scopes, None).await.map_err(|e| {
             let answer = remote.failed().or_else(|| local.failed());
@@ -590,7 +612,7 @@ impl Provider for AzureProvider {
     }
 
     /// Credential + client + tenant + scope: every cluster that shares them shares a token.
-    fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
+    fn resolve(&self, req: &TokenRequest) -> Result<Resolved, ProviderError> {
         let target = self.target(req)?;
         let client = self
             .config
@@ -598,19 +620,21 @@ impl Provider for AzureProvider {
             .as_deref()
             .or_else(|| self.client_id())
             .unwrap_or("-");
-        Ok(format!(
+        let key = format!(
             "credential={} client={client} tenant={} scope={}",
             self.credential(),
             target.tenant.as_deref().unwrap_or("-"),
             target.scope
-        ))
+        );
+        Ok(Resolved::new(key, target))
     }
 
     fn fetch<'a>(
         &'a self,
-        req: &'a TokenRequest,
+        _req: &'a TokenRequest,
+        target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
-        Box::pin(self.get(req))
+        Box::pin(async move { self.get(target.target()?).await })
     }
 }
 
@@ -687,7 +711,7 @@ fn classify(
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = source {
         if let Some(re) = e.downcast_ref::<reqwest::Error>() {
-            let what = format!("{label}: {}", error_chain(re));
+            let what = format!("{label}: {}", upstream::error_chain(re));
             return if re.is_timeout() {
                 ProviderError::Timeout(what)
             } else {
@@ -806,20 +830,6 @@ impl HttpClient for Answers {
             Some((u16::from(status), body.to_vec()));
         Ok(AsyncRawResponse::from_bytes(status, headers, body))
     }
-}
-
-/// An error and its sources on one line, without repeats.
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut current = Some(err);
-    while let Some(e) = current {
-        let text = e.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        current = e.source();
-    }
-    one_line(&parts.join(": "))
 }
 
 fn one_line(text: &str) -> String {

@@ -15,7 +15,7 @@ use crate::request::TokenRequest;
 
 use self::config::{Config as ExecConfig, DEFAULT_EXEC_PASS_ENV, EXEC_API_V1, EXEC_API_V1BETA1};
 
-use super::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Secret};
+use super::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Resolved, Secret};
 
 /// An ExecCredential is a few KiB at most; anything past this is not one.
 const MAX_STDOUT: usize = 1024 * 1024;
@@ -144,10 +144,11 @@ impl Provider for ExecProvider {
     /// connection settings. A plugin may answer differently for any of them, so two clusters
     /// that differ only there must not share a token; the digest keeps the key (and every
     /// ListEntries row) a few dozen bytes, whatever the cluster's exec extension holds.
-    fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
+    /// The target is empty: the plugin is shown the request itself (`fetch`'s `req`).
+    fn resolve(&self, req: &TokenRequest) -> Result<Resolved, ProviderError> {
         use sha2::Digest as _;
         let Some(c) = &req.cluster else {
-            return Ok(String::new());
+            return Ok(Resolved::new(String::new(), ()));
         };
         let render = |value: &Value| {
             // serde_json maps are sorted, so equal configs render equally.
@@ -170,12 +171,13 @@ impl Provider for ExecProvider {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        Ok(format!("{} sha256:{hex}", c.server))
+        Ok(Resolved::new(format!("{} sha256:{hex}", c.server), ()))
     }
 
     fn fetch<'a>(
         &'a self,
         req: &'a TokenRequest,
+        _target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
         Box::pin(self.run(req))
     }

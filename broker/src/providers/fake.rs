@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
 
-use super::{BoxFuture, Credential, Provider, ProviderError};
+use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 
 #[derive(Debug)]
 pub struct FakeProvider {
@@ -91,15 +91,18 @@ impl Provider for FakeProvider {
         ProviderKind::Exec
     }
 
-    fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
-        Ok(req
+    /// The cluster's `clusterName` (else `default`), as key and target alike.
+    fn resolve(&self, req: &TokenRequest) -> Result<Resolved, ProviderError> {
+        let identity = req
             .config_str("clusterName")
-            .unwrap_or_else(|| "default".into()))
+            .unwrap_or_else(|| "default".into());
+        Ok(Resolved::new(identity.clone(), identity))
     }
 
     fn fetch<'a>(
         &'a self,
-        req: &'a TokenRequest,
+        _req: &'a TokenRequest,
+        target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
         Box::pin(async move {
             let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
@@ -111,7 +114,7 @@ impl Provider for FakeProvider {
             if let Some(error) = behaviour.failure {
                 return Err(error);
             }
-            let identity = self.identity(req)?;
+            let identity: &String = target.target()?;
             Ok(Credential::token(
                 format!("fake-{identity}-{n}"),
                 behaviour

@@ -9,7 +9,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use self::config::Config as FileConfig;
-use super::{BoxFuture, Credential, Provider, ProviderError, jwt};
+use super::{BoxFuture, Credential, Provider, ProviderError, Resolved, jwt};
 
 pub mod config;
 
@@ -47,9 +47,8 @@ impl FileProvider {
         Ok(PathBuf::from(self.config.path.replace(CLUSTER_NAME, &name)))
     }
 
-    async fn read(&self, req: &TokenRequest) -> Result<Credential, ProviderError> {
-        let path = self.path_for(req)?;
-        let (meta, bytes) = read_bounded(&path).await?;
+    async fn read(&self, path: &Path) -> Result<Credential, ProviderError> {
+        let (meta, bytes) = read_bounded(path).await?;
         let shown = path.display();
         let text = String::from_utf8(bytes).map_err(|_| {
             ProviderError::Unavailable(format!("token file {shown} is not UTF-8 text"))
@@ -141,19 +140,22 @@ impl Provider for FileProvider {
         ProviderKind::File
     }
 
-    fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
-        Ok(self.path_for(req)?.display().to_string())
+    /// The cluster's file: its path is the key and the target.
+    fn resolve(&self, req: &TokenRequest) -> Result<Resolved, ProviderError> {
+        let path = self.path_for(req)?;
+        Ok(Resolved::new(path.display().to_string(), path))
     }
 
     fn fetch<'a>(
         &'a self,
-        req: &'a TokenRequest,
+        _req: &'a TokenRequest,
+        target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
-        Box::pin(self.read(req))
+        Box::pin(async move { self.read(target.target::<PathBuf>()?).await })
     }
 
-    fn is_current(&self, req: &TokenRequest, cached: &Credential) -> bool {
-        let Ok(path) = self.path_for(req) else {
+    fn is_current(&self, target: &Resolved, cached: &Credential) -> bool {
+        let Ok(path) = target.target::<PathBuf>() else {
             return false;
         };
         std::fs::metadata(path).is_ok_and(|meta| Some(version(&meta)) == cached.source_version)
@@ -181,7 +183,7 @@ mod tests {
 
     use super::*;
     use crate::config::values::ConfigDuration;
-    use crate::providers::CredentialSecret;
+    use crate::providers::{CredentialSecret, ProviderTestExt as _};
     use crate::request::ClusterInfo;
 
     fn provider(template: String) -> FileProvider {
@@ -222,12 +224,12 @@ mod tests {
         std::fs::write(dir.path().join("a/token"), "plain-token\n").unwrap();
         let p = provider(format!("{}/{{clusterName}}/token", dir.path().display()));
         let before = SystemTime::now();
-        let cred = p.fetch(&req("a")).await.unwrap();
+        let cred = p.fetch_for(&req("a")).await.unwrap();
         assert_eq!(token_of(&cred), "plain-token");
         let lifetime = cred.expires_at.duration_since(before).unwrap();
         assert!(lifetime >= Duration::from_secs(3600) && lifetime < Duration::from_secs(3610));
         assert_eq!(
-            p.identity(&req("a")).unwrap(),
+            p.key_for(&req("a")).unwrap(),
             format!("{}/a/token", dir.path().display())
         );
     }
@@ -238,14 +240,14 @@ mod tests {
         let exp = 4_102_444_800; // 2100-01-01
         std::fs::write(dir.path().join("token"), jwt(exp)).unwrap();
         let p = provider(format!("{}/token", dir.path().display()));
-        let cred = p.fetch(&req("any")).await.unwrap();
+        let cred = p.fetch_for(&req("any")).await.unwrap();
         assert_eq!(
             cred.expires_at,
             SystemTime::UNIX_EPOCH + Duration::from_secs(exp)
         );
         // An expired JWT is refused with its expiry, not served.
         std::fs::write(dir.path().join("token"), jwt(1_000)).unwrap();
-        let msg = p.fetch(&req("any")).await.unwrap_err().to_string();
+        let msg = p.fetch_for(&req("any")).await.unwrap_err().to_string();
         assert!(msg.contains("expired at 1970-01-01T00:16:40Z"), "{msg}");
     }
 
@@ -255,22 +257,22 @@ mod tests {
         let path = dir.path().join("token");
         std::fs::write(&path, "one").unwrap();
         let p = provider(path.display().to_string());
-        let cred = p.fetch(&req("x")).await.unwrap();
-        assert!(p.is_current(&req("x"), &cred));
+        let cred = p.fetch_for(&req("x")).await.unwrap();
+        assert!(p.is_current_for(&req("x"), &cred));
         // Rotation by rename, as kubelet does.
         std::fs::write(dir.path().join("new"), "two").unwrap();
         std::fs::rename(dir.path().join("new"), &path).unwrap();
-        assert!(!p.is_current(&req("x"), &cred));
-        assert_eq!(token_of(&p.fetch(&req("x")).await.unwrap()), "two");
+        assert!(!p.is_current_for(&req("x"), &cred));
+        assert_eq!(token_of(&p.fetch_for(&req("x")).await.unwrap()), "two");
         std::fs::remove_file(&path).unwrap();
-        assert!(!p.is_current(&req("x"), &cred));
+        assert!(!p.is_current_for(&req("x"), &cred));
     }
 
     #[tokio::test]
     async fn missing_empty_and_unsafe_inputs_are_clear_errors() {
         let dir = tempfile::tempdir().unwrap();
         let p = provider(format!("{}/{{clusterName}}.token", dir.path().display()));
-        let err = p.fetch(&req("nope")).await.unwrap_err();
+        let err = p.fetch_for(&req("nope")).await.unwrap_err();
         assert_eq!(
             err,
             ProviderError::NotFound(format!(
@@ -280,7 +282,7 @@ mod tests {
         );
         std::fs::write(dir.path().join("empty.token"), "  \n").unwrap();
         assert!(
-            p.fetch(&req("empty"))
+            p.fetch_for(&req("empty"))
                 .await
                 .unwrap_err()
                 .to_string()
@@ -288,7 +290,7 @@ mod tests {
         );
         for bad in ["..", "a/b", "."] {
             assert!(
-                matches!(p.identity(&req(bad)), Err(ProviderError::InvalidRequest(_))),
+                matches!(p.key_for(&req(bad)), Err(ProviderError::InvalidRequest(_))),
                 "{bad}"
             );
         }
@@ -297,7 +299,7 @@ mod tests {
             cluster: None,
             interactive: false,
         };
-        let msg = p.identity(&no_cluster).unwrap_err().to_string();
+        let msg = p.key_for(&no_cluster).unwrap_err().to_string();
         assert!(msg.contains("no clusterName"), "{msg}");
     }
 
@@ -311,7 +313,7 @@ mod tests {
             nix::sys::stat::Mode::from_bits_truncate(0o600),
         )
         .unwrap();
-        let e = tokio::time::timeout(Duration::from_secs(5), p.fetch(&req("fifo")))
+        let e = tokio::time::timeout(Duration::from_secs(5), p.fetch_for(&req("fifo")))
             .await
             .expect("a FIFO never blocks the read")
             .unwrap_err();
@@ -322,11 +324,11 @@ mod tests {
         );
         // A device behind a symlink: refused without reading.
         std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero")).unwrap();
-        let e = p.fetch(&req("zero")).await.unwrap_err();
+        let e = p.fetch_for(&req("zero")).await.unwrap_err();
         assert!(e.to_string().contains("(it is a character device)"), "{e}");
         // A directory.
         std::fs::create_dir(dir.path().join("d")).unwrap();
-        let e = p.fetch(&req("d")).await.unwrap_err();
+        let e = p.fetch_for(&req("d")).await.unwrap_err();
         assert!(e.to_string().contains("(it is a directory)"), "{e}");
         // Over the limit.
         std::fs::write(
@@ -334,13 +336,13 @@ mod tests {
             vec![b'a'; MAX_TOKEN_BYTES as usize + 1],
         )
         .unwrap();
-        let e = p.fetch(&req("big")).await.unwrap_err();
+        let e = p.fetch_for(&req("big")).await.unwrap_err();
         assert!(e.to_string().contains("larger than"), "{e}");
         // Kubelet's layout: a symlink chain to a regular file is served.
         std::fs::create_dir(dir.path().join("..data")).unwrap();
         std::fs::write(dir.path().join("..data/tok"), "tok-1\n").unwrap();
         std::os::unix::fs::symlink("..data/tok", dir.path().join("linked")).unwrap();
-        let c = p.fetch(&req("linked")).await.unwrap();
+        let c = p.fetch_for(&req("linked")).await.unwrap();
         assert_eq!(token_of(&c), "tok-1");
     }
 }

@@ -51,7 +51,7 @@ use crate::config::values::ProviderKind;
 use self::config::Config as GcpConfig;
 use crate::request::TokenRequest;
 
-use super::{BoxFuture, Credential, Provider, ProviderError};
+use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 
 pub mod config;
 mod http;
@@ -387,17 +387,16 @@ impl Provider for GcpProvider {
     }
 
     /// The same for every cluster: the credential's identity, the scopes, the impersonation.
-    fn identity(&self, _req: &TokenRequest) -> Result<String, ProviderError> {
-        Ok(format!(
-            "{}{}",
-            self.source_identity()?,
-            self.identity_suffix
-        ))
+    /// No target: the token depends on the broker's credentials only, which `fetch` locates.
+    fn resolve(&self, _req: &TokenRequest) -> Result<Resolved, ProviderError> {
+        let key = format!("{}{}", self.source_identity()?, self.identity_suffix);
+        Ok(Resolved::new(key, ()))
     }
 
     fn fetch<'a>(
         &'a self,
         _req: &'a TokenRequest,
+        _target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
         Box::pin(self.fetch_token())
     }

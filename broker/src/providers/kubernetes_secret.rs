@@ -33,7 +33,9 @@ use crate::request::TokenRequest;
 
 use self::config::{Config as KubernetesSecretConfig, SecretFormat};
 
-use super::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Secret as Hidden};
+use super::{
+    BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Resolved, Secret as Hidden,
+};
 
 /// How long a call waits for the first list of the namespace's Secrets. A list of one
 /// namespace answers in well under a second on a healthy API server; 10 s leaves room for
@@ -172,8 +174,7 @@ impl KubernetesSecretProvider {
         )
     }
 
-    async fn read(&self, req: &TokenRequest) -> Result<Credential, ProviderError> {
-        let target = self.target(req)?;
+    async fn read(&self, target: &Target) -> Result<Credential, ProviderError> {
         let watch = self.watch();
         watch.synced(&self.config.namespace).await?;
         let namespace = &self.config.namespace;
@@ -196,7 +197,7 @@ impl KubernetesSecretProvider {
                 "serving a Secret from the last state seen: the watch on the API server is down"
             );
         }
-        let what = self.describe(&target);
+        let what = self.describe(target);
         let data = secret
             .data
             .as_ref()
@@ -238,7 +239,7 @@ impl Provider for KubernetesSecretProvider {
         ProviderKind::KubernetesSecret
     }
 
-    fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError> {
+    fn resolve(&self, req: &TokenRequest) -> Result<Resolved, ProviderError> {
         let target = self.target(req)?;
         let mut identity = format!(
             "{}/{} key {}",
@@ -248,20 +249,21 @@ impl Provider for KubernetesSecretProvider {
             identity.push_str(" context ");
             identity.push_str(context);
         }
-        Ok(identity)
+        Ok(Resolved::new(identity, target))
     }
 
     fn fetch<'a>(
         &'a self,
-        req: &'a TokenRequest,
+        _req: &'a TokenRequest,
+        target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
-        Box::pin(self.read(req))
+        Box::pin(async move { self.read(target.target()?).await })
     }
 
     /// One store lookup: the Secret the credential came from must still be there with the
     /// same uid and resourceVersion.
-    fn is_current(&self, req: &TokenRequest, cached: &Credential) -> bool {
-        let (Some(watch), Ok(target)) = (self.watch.get(), self.target(req)) else {
+    fn is_current(&self, target: &Resolved, cached: &Credential) -> bool {
+        let (Some(watch), Ok(target)) = (self.watch.get(), target.target::<Target>()) else {
             return false;
         };
         watch
@@ -429,7 +431,7 @@ async fn run_watch(
             }
             Ok(_) => {}
             Err(error) => {
-                let error = with_root_cause(&error);
+                let error = super::upstream::error_chain(&error);
                 let was_connected = status.borrow().connected;
                 status.send_modify(|s| {
                     s.connected = false;
@@ -447,23 +449,6 @@ async fn run_watch(
                 }
             }
         }
-    }
-}
-
-/// The error with its root cause: kube's messages say what failed ("failed to perform
-/// initial object list: ServiceError: client error (Connect)"), the innermost source says
-/// why ("tcp connect error: Connection refused"). Middle layers repeat one another.
-fn with_root_cause(error: &dyn std::error::Error) -> String {
-    let message = error.to_string();
-    let mut root = None;
-    let mut next = error.source();
-    while let Some(e) = next {
-        root = Some(e.to_string());
-        next = e.source();
-    }
-    match root {
-        Some(root) if !message.contains(&root) => format!("{message}: {root}"),
-        _ => message,
     }
 }
 

@@ -1,7 +1,9 @@
-//! Credential providers behind one trait. A provider derives the identity a request maps to
-//! (the cache key), fetches a credential for it, and classifies its failures so the cache
-//! knows whether to retry (transient) or to drop what it holds (denied).
+//! Credential providers behind one trait. A provider resolves a request once into what it
+//! asks for (the cache key and a typed target), fetches a credential for that target, and
+//! classifies its failures so the cache knows whether to retry (transient) or to drop what it
+//! holds (denied).
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -51,6 +53,9 @@ pub mod kubernetes_secret {
 }
 pub mod overrides;
 pub mod unbuilt;
+/// Always built (its error-chain printer has no dependency); its trust roots and HTTP client
+/// only with a cloud provider's feature.
+pub mod upstream;
 
 /// A boxed future, so providers stay object-safe behind `Arc<dyn Provider>`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -181,23 +186,84 @@ pub fn bearer_token(raw: &str) -> Result<&str, TokenError> {
     }
 }
 
+/// A request as one provider resolved it, once per call: the identity text the cache keys
+/// on, and the provider's own typed target (which Secret, which role and region, which file)
+/// that the cache hands back to [`Provider::fetch`] and [`Provider::is_current`], so neither
+/// derives it again.
+///
+/// The target is an `Arc<dyn Any + Send + Sync>` that only its provider downcasts, rather
+/// than an enum of every provider's target: each target type stays private to its provider
+/// module (no central list that every new provider must edit, no variants that appear and
+/// disappear with the cargo features), and the cache stays ignorant of what it carries. The
+/// price is one checked downcast per fetch, which can fail only if the broker handed a target
+/// to a provider of another type; that is reported as an error, never a panic. A generic
+/// `Provider<Target = T>` would catch that at compile time, but would not be object-safe
+/// behind `Arc<dyn Provider>` without a second, type-erased trait doing the same downcast.
+#[derive(Clone)]
+pub struct Resolved {
+    key: String,
+    target: Arc<dyn Any + Send + Sync>,
+}
+
+impl Resolved {
+    /// `key`: requests with the same key, within one provider, share one credential and one
+    /// upstream call. `target`: what the provider's `fetch` needs to get it.
+    pub fn new(key: impl Into<String>, target: impl Any + Send + Sync) -> Self {
+        Self {
+            key: key.into(),
+            target: Arc::new(target),
+        }
+    }
+
+    /// The identity text the cache keys on (shown by AdminService's ListEntries).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The provider's typed target.
+    pub fn target<T: Any>(&self) -> Result<&T, ProviderError> {
+        self.target.downcast_ref::<T>().ok_or_else(|| {
+            ProviderError::Unimplemented(format!(
+                "internal error: identity {:?} was resolved by another provider type than the one \
+                 asked to fetch it (expected a {})",
+                self.key,
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+}
+
+/// The key only: a target may hold values (an external id) that the key shows hashed.
+impl fmt::Debug for Resolved {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Resolved")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
 /// One configured provider.
 pub trait Provider: Send + Sync + fmt::Debug {
     fn kind(&self) -> ProviderKind;
 
-    /// The identity this request maps to, within this provider: requests with the same
-    /// identity share one credential and one upstream call.
-    fn identity(&self, req: &TokenRequest) -> Result<String, ProviderError>;
+    /// Reads the request once: the identity it maps to within this provider (requests with
+    /// the same identity share one credential and one upstream call) and the typed target
+    /// `fetch` and `is_current` get back. Checks every value the cluster supplies.
+    fn resolve(&self, req: &TokenRequest) -> Result<Resolved, ProviderError>;
 
-    /// Gets a new credential from upstream.
+    /// Gets a new credential from upstream for `target`, which this provider's `resolve`
+    /// made. `req` is the request that caused the fetch, for providers that pass the
+    /// caller's input on as it came (exec: `KUBERNETES_EXEC_INFO`) or name its cluster in
+    /// messages.
     fn fetch<'a>(
         &'a self,
         req: &'a TokenRequest,
+        target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>>;
 
     /// Whether a cached credential still reflects its source; checked on every hit, so it
     /// must be cheap (a `stat`, not a read). Most sources cannot change under a credential.
-    fn is_current(&self, _req: &TokenRequest, _cached: &Credential) -> bool {
+    fn is_current(&self, _target: &Resolved, _cached: &Credential) -> bool {
         true
     }
 
@@ -208,6 +274,35 @@ pub trait Provider: Send + Sync + fmt::Debug {
         true
     }
 }
+
+/// Resolve-then-fetch in one call, for the providers' unit tests.
+#[cfg(test)]
+pub(crate) trait ProviderTestExt: Provider {
+    /// The cache key `resolve` derives.
+    fn key_for(&self, req: &TokenRequest) -> Result<String, ProviderError> {
+        self.resolve(req).map(|r| r.key().to_owned())
+    }
+
+    /// `resolve`, then `fetch` with what it resolved.
+    fn fetch_for<'a>(
+        &'a self,
+        req: &'a TokenRequest,
+    ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
+        Box::pin(async move {
+            let target = self.resolve(req)?;
+            self.fetch(req, &target).await
+        })
+    }
+
+    /// `resolve`, then `is_current` (false when the request does not resolve).
+    fn is_current_for(&self, req: &TokenRequest, cached: &Credential) -> bool {
+        self.resolve(req)
+            .is_ok_and(|target| self.is_current(&target, cached))
+    }
+}
+
+#[cfg(test)]
+impl<P: Provider + ?Sized> ProviderTestExt for P {}
 
 /// Builds the provider a config entry describes. Cheap and infallible: providers that need
 /// I/O to set up (cloud credential chains) do it on their first fetch, so a broker with a
@@ -233,7 +328,23 @@ pub fn build(config: &ProviderConfig) -> Arc<dyn Provider> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
+
+    #[test]
+    fn a_target_is_only_handed_back_as_its_own_type() {
+        let resolved = Resolved::new("ns/name key token", PathBuf::from("/x"));
+        assert_eq!(resolved.key(), "ns/name key token");
+        assert_eq!(resolved.target::<PathBuf>(), Ok(&PathBuf::from("/x")));
+        let e = resolved.target::<String>().unwrap_err();
+        assert!(matches!(e, ProviderError::Unimplemented(_)), "{e:?}");
+        assert!(e.to_string().contains("ns/name key token"), "{e}");
+        assert_eq!(
+            format!("{resolved:?}"),
+            r#"Resolved { key: "ns/name key token", .. }"#
+        );
+    }
 
     #[test]
     fn secrets_never_print() {
@@ -295,7 +406,7 @@ mod tests {
             interactive: false,
         };
         std::fs::write(&path, "  sekrit-token \r\n").unwrap();
-        let cred = provider.fetch(&req).await.unwrap();
+        let cred = provider.fetch_for(&req).await.unwrap();
         assert_eq!(
             cred.secret,
             CredentialSecret::Token(Secret::new("sekrit-token"))
@@ -307,7 +418,7 @@ mod tests {
             "sekrit token",
         ] {
             std::fs::write(&path, bad).unwrap();
-            let e = provider.fetch(&req).await.unwrap_err().to_string();
+            let e = provider.fetch_for(&req).await.unwrap_err().to_string();
             assert!(e.contains(&path.display().to_string()), "{bad:?}: {e}");
             assert!(!e.contains("sekrit"), "{bad:?} quoted: {e}");
         }

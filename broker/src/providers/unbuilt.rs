@@ -5,7 +5,7 @@
 use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
 
-use super::{BoxFuture, Credential, Provider, ProviderError};
+use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 
 #[derive(Debug)]
 pub struct Unbuilt {
@@ -40,13 +40,14 @@ impl Provider for Unbuilt {
         false
     }
 
-    fn identity(&self, _req: &TokenRequest) -> Result<String, ProviderError> {
+    fn resolve(&self, _req: &TokenRequest) -> Result<Resolved, ProviderError> {
         Err(self.error())
     }
 
     fn fetch<'a>(
         &'a self,
         _req: &'a TokenRequest,
+        _target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
         Box::pin(async move { Err(self.error()) })
     }

@@ -110,7 +110,7 @@ impl HeldCredentials {
                     && held.as_ref().is_some_and(|h| usable(&h.creds, now));
                 if keep && let Some(h) = held.as_ref() {
                     tracing::warn!(
-                        error = %describe(&error),
+                        error = %crate::providers::upstream::error_chain(&error),
                         "renewing AWS credentials failed; signing with the held ones until they expire"
                     );
                     return Ok(h.creds.clone());
@@ -230,20 +230,4 @@ fn sts_error(e: &(dyn StdError + 'static)) -> Option<(String, String, Option<u16
         return Some(parts(e));
     }
     None
-}
-
-/// The error and its causes on one line. The SDK's errors carry codes, messages, request ids
-/// and paths, never keys or tokens.
-pub fn describe(error: &CredentialsError) -> String {
-    let mut out = error.to_string();
-    let mut next = error.source();
-    while let Some(e) = next {
-        let text = e.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        next = e.source();
-    }
-    out
 }

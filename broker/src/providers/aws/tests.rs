@@ -17,6 +17,7 @@ use serde_json::{Map, Value, json};
 use super::creds::{self, Failure, HeldCredentials};
 use super::token::{self, CLUSTER_ID_HEADER, TOKEN_LIFETIME, TOKEN_PREFIX};
 use super::*;
+use crate::providers::ProviderTestExt as _;
 use crate::request::ClusterInfo;
 
 /// Tokens `aws eks get-token`'s code made with botocore for fixed inputs; regenerate with
@@ -327,7 +328,7 @@ async fn no_region_anywhere_names_the_cluster() {
     if sdk.config.region().is_some() {
         return;
     }
-    let e = p.fetch(&req).await.unwrap_err();
+    let e = p.fetch_for(&req).await.unwrap_err();
     assert!(matches!(e, ProviderError::InvalidRequest(_)), "{e:?}");
     let e = e.to_string();
     assert!(e.contains("no AWS region for cluster alpha"), "{e}");
@@ -398,7 +399,7 @@ fn identity_is_region_cluster_and_role() {
         region: Some("us-west-2".into()),
         ..AwsConfig::default()
     });
-    let id = |config: Value| p.identity(&request(EKS_SERVER, config)).unwrap();
+    let id = |config: Value| p.key_for(&request(EKS_SERVER, config)).unwrap();
     let a = id(json!({"clusterName": "a"}));
     assert_eq!(a, id(json!({"clusterName": "a", "unrelated": 1})));
     assert_eq!(a, "region=us-west-2 cluster=a sts=regional");
@@ -667,4 +668,17 @@ fn map_of_config_keys_is_read_as_strings() {
             .cluster_id,
         "12345"
     );
+}
+
+/// The SDK's trust store gets the roots as one PEM bundle; it must hold every root.
+#[test]
+fn pem_round_trips() {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject as _;
+    let system = upstream::trust_roots(&CertEnv::default()).certs;
+    let pem = to_pem(&system);
+    let back: Vec<_> = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(back, system);
 }

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::providers::CredentialSecret;
+use crate::providers::ProviderTestExt as _;
 use crate::request::ClusterInfo;
 
 const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
@@ -163,7 +164,10 @@ async fn workload_identity_sends_the_federated_token_and_rereads_it() {
     let env = base_env().with(AZURE_FEDERATED_TOKEN_FILE, file.display().to_string());
     let (p, mock) = provider(AzureConfig::default(), env);
     let before = SystemTime::now();
-    let cred = p.fetch(&req(json!({"clusterName": "a"}))).await.unwrap();
+    let cred = p
+        .fetch_for(&req(json!({"clusterName": "a"})))
+        .await
+        .unwrap();
     assert_eq!(token_of(&cred), "entra-token");
     let lifetime = cred.expires_at.duration_since(before).unwrap();
     assert!(lifetime > Duration::from_secs(3590) && lifetime <= Duration::from_secs(3601));
@@ -187,22 +191,24 @@ async fn workload_identity_sends_the_federated_token_and_rereads_it() {
 
     // kubelet rotated the token: the very next upstream request sends the new one.
     token_file(&dir, "federated-jwt-2");
-    p.fetch(&req(json!({"clusterName": "a"}))).await.unwrap();
+    p.fetch_for(&req(json!({"clusterName": "a"})))
+        .await
+        .unwrap();
     assert_eq!(mock.seen()[1].form["client_assertion"], "federated-jwt-2");
 }
 
 #[test]
 fn identity_is_credential_client_tenant_and_scope() {
     let (p, _) = provider(AzureConfig::default(), base_env());
-    let a = p.identity(&req(json!({"clusterName": "a"}))).unwrap();
-    let b = p.identity(&req(json!({"clusterName": "b"}))).unwrap();
+    let a = p.key_for(&req(json!({"clusterName": "a"}))).unwrap();
+    let b = p.key_for(&req(json!({"clusterName": "b"}))).unwrap();
     assert_eq!(a, b, "clusters with the same identity share one entry");
     assert_eq!(
         a,
         format!("credential=auto client={CLIENT} tenant={TENANT} scope={SCOPE}")
     );
     let other_tenant = p
-        .identity(&req(
+        .key_for(&req(
             json!({"clusterName": "c", "tenantId": "contoso.onmicrosoft.com"}),
         ))
         .unwrap();
@@ -211,7 +217,7 @@ fn identity_is_credential_client_tenant_and_scope() {
         "{other_tenant}"
     );
     let other_server = p
-        .identity(&req(json!({"serverId": "api://aks-private"})))
+        .key_for(&req(json!({"serverId": "api://aks-private"})))
         .unwrap();
     assert!(
         other_server.contains("scope=api://aks-private/.default"),
@@ -230,7 +236,7 @@ fn identity_is_credential_client_tenant_and_scope() {
         base_env(),
     );
     assert_eq!(
-        q.identity(&req(json!({}))).unwrap(),
+        q.key_for(&req(json!({}))).unwrap(),
         "credential=auto client=c2 tenant=t2 scope=app-x/.default"
     );
     // Values from the cluster are checked before they reach a URL.
@@ -239,7 +245,7 @@ fn identity_is_credential_client_tenant_and_scope() {
         json!({"serverId": "a b"}),
         json!({"serverId": "x/.default"}),
     ] {
-        let err = p.identity(&req(bad.clone())).unwrap_err();
+        let err = p.key_for(&req(bad.clone())).unwrap_err();
         assert!(
             matches!(err, ProviderError::InvalidRequest(_)),
             "{bad}: {err:?}"
@@ -253,7 +259,7 @@ async fn per_cluster_tenant_and_server_reach_the_request() {
     let file = token_file(&dir, "fed");
     let env = base_env().with(AZURE_FEDERATED_TOKEN_FILE, file.display().to_string());
     let (p, mock) = provider(AzureConfig::default(), env);
-    p.fetch(&req(
+    p.fetch_for(&req(
         json!({"tenantId": "fabrikam.onmicrosoft.com", "serverId": "app-y"}),
     ))
     .await
@@ -267,7 +273,7 @@ async fn per_cluster_tenant_and_server_reach_the_request() {
 async fn client_secret_flow_and_its_errors_never_show_the_secret() {
     let env = base_env().with(AZURE_CLIENT_SECRET, "s3cr3t-value");
     let (p, mock) = provider(with_credential(AzureCredential::ClientSecret), env);
-    p.fetch(&req(json!({}))).await.unwrap();
+    p.fetch_for(&req(json!({}))).await.unwrap();
     let r = &mock.seen()[0];
     assert_eq!(r.form["grant_type"], "client_credentials");
     assert_eq!(r.form["client_secret"], "s3cr3t-value");
@@ -280,7 +286,7 @@ async fn client_secret_flow_and_its_errors_never_show_the_secret() {
                "error_description": "AADSTS7000215: Invalid client secret provided. Ensure the secret being sent in the request is the client secret value, not the client secret ID.\r\nTrace ID: 0a Correlation ID: 0b Timestamp: 2025-01-01",
                "error_codes": [7000215]}),
     );
-    let err = p.fetch(&req(json!({}))).await.unwrap_err();
+    let err = p.fetch_for(&req(json!({}))).await.unwrap_err();
     let ProviderError::Denied(msg) = &err else {
         panic!("want Denied, got {err:?}")
     };
@@ -321,7 +327,7 @@ async fn managed_identity_uses_imds_with_the_user_assigned_client_id() {
         json!({"access_token": "mi-token", "expires_on": expires.to_string(),
                "resource": "6dae42f8-4368-4678-94ff-3960e28e3630", "token_type": "Bearer"}),
     );
-    let cred = p.fetch(&req(json!({}))).await.unwrap();
+    let cred = p.fetch_for(&req(json!({}))).await.unwrap();
     assert_eq!(token_of(&cred), "mi-token");
     assert_eq!(
         cred.expires_at,
@@ -337,7 +343,7 @@ async fn managed_identity_uses_imds_with_the_user_assigned_client_id() {
 
     // A managed identity cannot get a token in another tenant: refused before any request.
     let err = p
-        .fetch(&req(json!({"tenantId": "other-tenant"})))
+        .fetch_for(&req(json!({"tenantId": "other-tenant"})))
         .await
         .unwrap_err();
     assert!(
@@ -354,7 +360,7 @@ async fn client_certificate_assertion_is_signed_and_verifiable() {
     std::fs::write(&path, CERT_PEM).unwrap();
     let env = base_env().with(AZURE_CLIENT_CERTIFICATE_PATH, path.display().to_string());
     let (p, mock) = provider(with_credential(AzureCredential::ClientCertificate), env);
-    p.fetch(&req(json!({}))).await.unwrap();
+    p.fetch_for(&req(json!({}))).await.unwrap();
     let r = &mock.seen()[0];
     assert_eq!(r.form["grant_type"], "client_credentials");
     assert_eq!(
@@ -410,12 +416,12 @@ async fn client_certificate_assertion_is_signed_and_verifiable() {
     ];
     for (pem, want) in cases {
         std::fs::write(&path, pem).unwrap();
-        let err = p.fetch(&req(json!({}))).await.unwrap_err();
+        let err = p.fetch_for(&req(json!({}))).await.unwrap_err();
         assert!(err.to_string().contains(want), "want {want:?}: {err}");
         assert!(err.to_string().contains("sp.pem"), "{err}");
     }
     std::fs::remove_file(&path).unwrap();
-    let err = p.fetch(&req(json!({}))).await.unwrap_err();
+    let err = p.fetch_for(&req(json!({}))).await.unwrap_err();
     assert!(matches!(err, ProviderError::NotFound(_)), "{err:?}");
 }
 
@@ -453,7 +459,7 @@ async fn upstream_failures_are_classified() {
     ];
     for (status, body, want, text) in cases {
         mock.reply(status, body);
-        let err = p.fetch(&req(json!({}))).await.unwrap_err();
+        let err = p.fetch_for(&req(json!({}))).await.unwrap_err();
         let kind = match &err {
             ProviderError::Denied(_) => "denied",
             ProviderError::Unavailable(_) => "unavailable",
@@ -472,7 +478,7 @@ async fn upstream_failures_are_classified() {
         .with(AZURE_CLIENT_SECRET, "x")
         .with(AZURE_AUTHORITY_HOST, "https://unreachable.test");
     let (down, _) = provider(with_credential(AzureCredential::ClientSecret), env);
-    let err = down.fetch(&req(json!({}))).await.unwrap_err();
+    let err = down.fetch_for(&req(json!({}))).await.unwrap_err();
     assert!(matches!(err, ProviderError::Unavailable(_)), "{err:?}");
 }
 
@@ -487,7 +493,7 @@ async fn a_refused_connection_over_the_real_client_is_unavailable() {
         .with(AZURE_CLIENT_SECRET, "x")
         .with(AZURE_AUTHORITY_HOST, format!("https://127.0.0.1:{port}"));
     let p = AzureProvider::new(with_credential(AzureCredential::ClientSecret), env);
-    let err = p.fetch(&req(json!({}))).await.unwrap_err();
+    let err = p.fetch_for(&req(json!({}))).await.unwrap_err();
     let ProviderError::Unavailable(msg) = &err else {
         panic!("want Unavailable, got {err:?}")
     };
@@ -521,7 +527,7 @@ async fn missing_environment_is_named() {
     ];
     for (kind, env, want) in cases {
         let (p, mock) = provider(with_credential(kind), env);
-        let err = p.fetch(&req(json!({}))).await.unwrap_err();
+        let err = p.fetch_for(&req(json!({}))).await.unwrap_err();
         let ProviderError::Unimplemented(msg) = &err else {
             panic!("{kind}: want a configuration error, got {err:?}")
         };
@@ -549,7 +555,7 @@ async fn missing_environment_is_named() {
         "/nonexistent/azure-identity-token",
     );
     let (p, _) = provider(with_credential(AzureCredential::WorkloadIdentity), env);
-    let err = p.fetch(&req(json!({}))).await.unwrap_err();
+    let err = p.fetch_for(&req(json!({}))).await.unwrap_err();
     assert!(
         matches!(&err, ProviderError::NotFound(m) if m.contains("/nonexistent/azure-identity-token")),
         "{err:?}"
@@ -643,21 +649,24 @@ async fn azure_cli_runs_az_with_scope_and_tenant() {
     ));
     let env = Env::default().with(PATH, dir.path().display().to_string());
     let (p, _) = provider(with_credential(AzureCredential::AzureCli), env);
-    let cred = p.fetch(&req(json!({"tenantId": "t-cli"}))).await.unwrap();
+    let cred = p
+        .fetch_for(&req(json!({"tenantId": "t-cli"})))
+        .await
+        .unwrap();
     assert_eq!(token_of(&cred), "cli-token");
     let ran = std::fs::read_to_string(&args).unwrap();
     assert!(ran.contains(&format!("--scope {SCOPE}")), "{ran}");
     assert!(ran.contains("--tenant t-cli"), "{ran}");
 
     write_az("echo \"ERROR: Please run 'az login' to setup account.\" >&2\nexit 1");
-    let err = p.fetch(&req(json!({}))).await.unwrap_err();
+    let err = p.fetch_for(&req(json!({}))).await.unwrap_err();
     assert!(
         matches!(&err, ProviderError::Denied(m) if m.contains("az login")),
         "{err:?}"
     );
 
     std::fs::remove_file(&az).unwrap();
-    let err = p.fetch(&req(json!({}))).await.unwrap_err();
+    let err = p.fetch_for(&req(json!({}))).await.unwrap_err();
     assert!(
         matches!(&err, ProviderError::NotFound(m) if m.contains("PATH")),
         "{err:?}"

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use super::*;
 use crate::config::values::ConfigDuration;
+use crate::providers::ProviderTestExt as _;
 use crate::request::ClusterInfo;
 
 fn plugin(dir: &Path, body: &str) -> PathBuf {
@@ -64,7 +65,7 @@ async fn hands_the_plugin_what_client_go_would_and_parses_its_token() {
         EXEC_API_V1BETA1,
         Duration::from_secs(10),
     );
-    let cred = p.fetch(&req("a")).await.unwrap();
+    let cred = p.fetch_for(&req("a")).await.unwrap();
     assert_eq!(
         cred.secret,
         CredentialSecret::Token(Secret::new("sekrit-token"))
@@ -106,7 +107,7 @@ async fn client_certificates_and_default_lifetime() {
         Duration::from_secs(10),
     );
     let before = SystemTime::now();
-    let cred = p.fetch(&req("a")).await.unwrap();
+    let cred = p.fetch_for(&req("a")).await.unwrap();
     assert_eq!(
         cred.secret,
         CredentialSecret::ClientCertificate {
@@ -127,7 +128,7 @@ async fn a_failing_plugin_reports_its_exit_code_and_stderr() {
         EXEC_API_V1,
         Duration::from_secs(10),
     );
-    let err = p.fetch(&req("a")).await.unwrap_err();
+    let err = p.fetch_for(&req("a")).await.unwrap_err();
     assert!(err.is_transient());
     let msg = err.to_string();
     assert!(msg.contains("exited with code 3"), "{msg}");
@@ -166,7 +167,7 @@ async fn bad_output_is_refused_without_quoting_it() {
             EXEC_API_V1,
             Duration::from_secs(10),
         );
-        let msg = p.fetch(&req("a")).await.unwrap_err().to_string();
+        let msg = p.fetch_for(&req("a")).await.unwrap_err().to_string();
         assert!(msg.contains(want), "{body}: {msg}");
         assert!(!msg.contains("sekrit"), "{body}: leaks the secret: {msg}");
     }
@@ -179,7 +180,7 @@ async fn a_missing_plugin_is_a_clear_error() {
         EXEC_API_V1,
         Duration::from_secs(10),
     );
-    let msg = p.fetch(&req("a")).await.unwrap_err().to_string();
+    let msg = p.fetch_for(&req("a")).await.unwrap_err().to_string();
     assert!(
         msg.contains("cannot run exec plugin /nonexistent/plugin"),
         "{msg}"
@@ -197,7 +198,7 @@ async fn timeout_kills_the_whole_process_group() {
         Duration::from_millis(500),
     );
     let started = std::time::Instant::now();
-    let err = p.fetch(&req("a")).await.unwrap_err();
+    let err = p.fetch_for(&req("a")).await.unwrap_err();
     assert!(matches!(err, ProviderError::Timeout(_)), "{err:?}");
     assert!(started.elapsed() < Duration::from_secs(5));
     let child: i32 = std::fs::read_to_string(&pidfile)
@@ -258,7 +259,7 @@ async fn giving_up_on_the_plugin_kills_and_reaps_its_process_group() {
         Duration::from_secs(30),
     );
     let request = req("a");
-    let mut fetch = p.fetch(&request);
+    let mut fetch = p.fetch_for(&request);
     let started = tokio::select! {
         _ = &mut fetch => panic!("the plugin cannot have answered"),
         started = eventually(|| pids.exists()) => started,
@@ -292,7 +293,7 @@ async fn a_plugin_that_writes_a_lot_to_stderr_still_gets_its_credential_served()
         EXEC_API_V1,
         Duration::from_secs(10),
     );
-    let cred = p.fetch(&req("a")).await.unwrap();
+    let cred = p.fetch_for(&req("a")).await.unwrap();
     assert_eq!(
         cred.secret,
         CredentialSecret::Token(Secret::new("sekrit-token"))
@@ -308,7 +309,7 @@ async fn an_over_long_stdout_is_reported_as_such() {
         EXEC_API_V1,
         Duration::from_secs(20),
     );
-    let msg = p.fetch(&req("a")).await.unwrap_err().to_string();
+    let msg = p.fetch_for(&req("a")).await.unwrap_err().to_string();
     assert!(
         msg.contains(&format!("printed more than {MAX_STDOUT} bytes")),
         "{msg}"
@@ -324,7 +325,7 @@ async fn plugin_stderr_cannot_inject_control_characters() {
         EXEC_API_V1,
         Duration::from_secs(10),
     );
-    let msg = p.fetch(&req("a")).await.unwrap_err().to_string();
+    let msg = p.fetch_for(&req("a")).await.unwrap_err().to_string();
     assert!(!msg.chars().any(char::is_control), "{msg:?}");
     assert!(msg.contains("bad \\u{1b}[31mred"), "{msg}");
     assert!(msg.contains("forged"), "{msg}");
@@ -363,7 +364,7 @@ fn identity_covers_everything_the_plugin_sees_of_the_cluster() {
         EXEC_API_V1,
         Duration::from_secs(1),
     );
-    let base = p.identity(&req("a")).unwrap();
+    let base = p.key_for(&req("a")).unwrap();
     let variants: [fn(&mut ClusterInfo); 4] = [
         |c| c.tls_server_name = "other.example".into(),
         |c| c.certificate_authority_data = b"OTHER PEM".to_vec(),
@@ -374,7 +375,7 @@ fn identity_covers_everything_the_plugin_sees_of_the_cluster() {
     for change in variants {
         let mut r = req("a");
         change(r.cluster.as_mut().unwrap());
-        let id = p.identity(&r).unwrap();
+        let id = p.key_for(&r).unwrap();
         // CA data is keyed by its digest, never carried whole (base64 of "OTHER PEM").
         assert!(!id.contains("T1RIRVIgUEVN"), "{id}");
         assert!(
@@ -387,7 +388,10 @@ fn identity_covers_everything_the_plugin_sees_of_the_cluster() {
 /// The environment a plugin started with, as the kernel recorded it at exec (a shell adds
 /// variables of its own to what `env` prints).
 async fn environment_seen_by(config: ExecConfig, dump: &Path) -> BTreeMap<String, String> {
-    ExecProvider::new(config).fetch(&req("a")).await.unwrap();
+    ExecProvider::new(config)
+        .fetch_for(&req("a"))
+        .await
+        .unwrap();
     std::fs::read(dump)
         .unwrap()
         .split(|b| *b == 0)
@@ -469,19 +473,19 @@ fn identity_is_server_plus_config() {
         EXEC_API_V1,
         Duration::from_secs(1),
     );
-    let a = p.identity(&req("a")).unwrap();
-    assert_eq!(a, p.identity(&req("a")).unwrap());
-    assert_ne!(a, p.identity(&req("b")).unwrap());
+    let a = p.key_for(&req("a")).unwrap();
+    assert_eq!(a, p.key_for(&req("a")).unwrap());
+    assert_ne!(a, p.key_for(&req("b")).unwrap());
     let mut other_server = req("a");
     other_server.cluster.as_mut().unwrap().server = "https://elsewhere".into();
-    assert_ne!(a, p.identity(&other_server).unwrap());
+    assert_ne!(a, p.key_for(&other_server).unwrap());
     // Key order in the config does not matter.
     let mut reordered = serde_json::Map::new();
     reordered.insert("port".into(), 443.into());
     reordered.insert("clusterName".into(), "a".into());
     let mut r = req("a");
     r.cluster.as_mut().unwrap().config = reordered;
-    assert_eq!(a, p.identity(&r).unwrap());
+    assert_eq!(a, p.key_for(&r).unwrap());
     // The key stays small whatever the extension holds (ListEntries shows every key).
     let mut big = req("a");
     big.cluster
@@ -489,7 +493,7 @@ fn identity_is_server_plus_config() {
         .unwrap()
         .config
         .insert("blob".into(), "x".repeat(16 * 1024).into());
-    let id = p.identity(&big).unwrap();
+    let id = p.key_for(&big).unwrap();
     assert!(id.len() < 128, "{} bytes: {id:.80}", id.len());
     assert!(id.starts_with("https://"), "{id}");
 }

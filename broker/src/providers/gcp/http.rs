@@ -6,16 +6,12 @@ use std::time::{Duration, SystemTime};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::providers::upstream::{self, Route};
 use crate::providers::{ProviderError, Secret};
 
 use super::{Token, sanitize};
 
-/// Bound for one upstream call: shorter than the shim's default 30 s wait, so the caller
-/// hears why a call failed instead of only that it timed out.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
-/// Connecting to Google's endpoints (or a proxy) takes milliseconds; a black-holed address
-/// should fail fast enough for a retry within the same request budget.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub use upstream::REQUEST_TIMEOUT;
 /// The metadata server is on the node (GKE) or the hypervisor (GCE): Google's own clients
 /// give it a few seconds; off Google Cloud its address does not answer at all.
 pub const METADATA_TIMEOUT: Duration = Duration::from_secs(3);
@@ -24,42 +20,25 @@ pub const METADATA_FLAVOR: (&str, &str) = ("Metadata-Flavor", "Google");
 /// The metadata path of the default service account's access token.
 pub const METADATA_TOKEN_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
 
-/// The two HTTP clients: upstream calls go through `HTTPS_PROXY` / `NO_PROXY` (reqwest reads
-/// them); the metadata server is link-local and never behind a proxy.
+/// The two HTTP clients (see [`upstream::http_client`]): upstream calls go through
+/// `HTTPS_PROXY` / `NO_PROXY`; the metadata server is link-local and never behind a proxy.
 #[derive(Debug)]
 pub struct Clients {
     pub upstream: reqwest::Client,
     pub metadata: reqwest::Client,
 }
 
-/// Builds both clients. TLS: rustls on aws-lc-rs with the platform verifier over the
-/// system CA store; when `SSL_CERT_FILE` / `SSL_CERT_DIR` are set (which on their own replace
-/// the store), the system store's certificates are added back, so they extend it.
+/// Builds both clients.
 pub fn client() -> Result<Clients, String> {
-    let upstream = reqwest::Client::builder()
-        .timeout(REQUEST_TIMEOUT)
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tls_certs_merge(system_roots_when_overridden())
+    let upstream = upstream::http_client(Route::Remote)
         .build()
-        .map_err(|e| chain(&e))?;
-    let metadata = reqwest::Client::builder()
+        .map_err(|e| redacted_chain(&e))?;
+    let metadata = upstream::http_client(Route::Local)
         .timeout(METADATA_TIMEOUT)
         .connect_timeout(METADATA_TIMEOUT)
-        .no_proxy()
         .build()
-        .map_err(|e| chain(&e))?;
+        .map_err(|e| redacted_chain(&e))?;
     Ok(Clients { upstream, metadata })
-}
-
-/// The system store's certificates, when the environment replaced it for rustls-native-certs.
-fn system_roots_when_overridden() -> Vec<reqwest::Certificate> {
-    if std::env::var_os("SSL_CERT_FILE").is_none() && std::env::var_os("SSL_CERT_DIR").is_none() {
-        return Vec::new();
-    }
-    openssl_probe::candidate_cert_dirs()
-        .flat_map(|dir| rustls_native_certs::load_certs_from_paths(None, Some(dir)).certs)
-        .filter_map(|der| reqwest::Certificate::from_der(der.as_ref()).ok())
-        .collect()
 }
 
 /// Why one of the provider's own calls failed.
@@ -97,7 +76,7 @@ impl CallError {
         } else {
             Self::Connect {
                 url: url.to_owned(),
-                why: chain(e),
+                why: redacted_chain(e),
             }
         }
     }
@@ -162,18 +141,10 @@ impl CallError {
     }
 }
 
-/// An error and its causes, joined (reqwest's own message omits the cause).
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = next {
-        let text = err.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        next = err.source();
-    }
-    sanitize(&parts.join(": "))
+/// An error and its causes (reqwest's own message omits the cause), redacted: the
+/// library's errors may quote an upstream's answer.
+pub fn redacted_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    sanitize(&upstream::error_chain(e))
 }
 
 /// The OAuth2 token response (RFC 6749 §5.1) and the metadata server's, which has the same shape.

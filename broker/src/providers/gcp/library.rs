@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::providers::{ProviderError, Secret};
 
-use super::http::{REQUEST_TIMEOUT, chain};
+use super::http::{REQUEST_TIMEOUT, redacted_chain};
 use super::{
     IMPERSONATED_LIFETIME, LIBRARY_IMPERSONATION_LIFETIME, OPAQUE_TOKEN_LIFETIME, Token, json_str,
 };
@@ -167,8 +167,9 @@ pub async fn fetch(
             .with_lifetime(IMPERSONATED_LIFETIME)
             .build_access_token_credentials(),
     };
-    let credentials: AccessTokenCredentials = built
-        .map_err(|e| ProviderError::Unavailable(format!("{what}: cannot use it: {}", chain(&e))))?;
+    let credentials: AccessTokenCredentials = built.map_err(|e| {
+        ProviderError::Unavailable(format!("{what}: cannot use it: {}", redacted_chain(&e)))
+    })?;
     let token = tokio::time::timeout(REQUEST_TIMEOUT, credentials.access_token())
         .await
         .map_err(|_| {
@@ -198,7 +199,7 @@ pub async fn fetch(
 /// → Denied; other permanent failures (an unreadable subject-token file, an executable not
 /// allowed) → Unavailable, so a fixed file is picked up on the next retry.
 pub fn classify(e: &CredentialsError, what: &str) -> ProviderError {
-    let message = format!("{what}: {}", chain(e));
+    let message = format!("{what}: {}", redacted_chain(e));
     let mut status = None;
     let mut timed_out = false;
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);

@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::http::CallError;
 use super::*;
+use crate::providers::ProviderTestExt as _;
 use crate::request::ClusterInfo;
 
 /// A throwaway RSA key for these tests only, as PKCS#8 PEM, and its public key (PKCS#1 DER).
@@ -302,8 +303,8 @@ fn identity_is_per_credential_and_scopes_never_per_cluster() {
         )
     };
     let p = with(None, None);
-    let a = p.identity(&request("east")).unwrap();
-    assert_eq!(a, p.identity(&request("west")).unwrap());
+    let a = p.key_for(&request("east")).unwrap();
+    assert_eq!(a, p.key_for(&request("west")).unwrap());
     assert_eq!(
         a,
         format!(
@@ -312,15 +313,15 @@ fn identity_is_per_credential_and_scopes_never_per_cluster() {
     );
     // Scope order does not matter, the scope set does.
     let b = with(Some(vec!["y", "x", "y"]), None)
-        .identity(&request("east"))
+        .key_for(&request("east"))
         .unwrap();
     let c = with(Some(vec!["x", "y"]), None)
-        .identity(&request("east"))
+        .key_for(&request("east"))
         .unwrap();
     assert_eq!(b, c);
     assert_ne!(a, b);
     let d = with(None, Some("t@p.iam.gserviceaccount.com"))
-        .identity(&request("east"))
+        .key_for(&request("east"))
         .unwrap();
     assert!(
         d.ends_with("|impersonate=t@p.iam.gserviceaccount.com"),
@@ -328,7 +329,7 @@ fn identity_is_per_credential_and_scopes_never_per_cluster() {
     );
     // The metadata server's identity is its host.
     let m = provider(GcpConfig::default(), env)
-        .identity(&request("east"))
+        .key_for(&request("east"))
         .unwrap();
     assert!(m.starts_with("metadata:127.0.0.1:1|scopes="), "{m}");
 }
@@ -345,7 +346,7 @@ async fn missing_and_malformed_files_say_which_file_and_field() {
             ..Env::default()
         },
     );
-    let ProviderError::NotFound(m) = p.fetch(&request("c")).await.unwrap_err() else {
+    let ProviderError::NotFound(m) = p.fetch_for(&request("c")).await.unwrap_err() else {
         panic!("NotFound expected");
     };
     assert!(m.contains(&missing.display().to_string()), "{m}");
@@ -360,7 +361,7 @@ async fn missing_and_malformed_files_say_which_file_and_field() {
         },
         Env::default(),
     );
-    let e = p.identity(&request("c")).unwrap_err();
+    let e = p.key_for(&request("c")).unwrap_err();
     let ProviderError::Unavailable(m) = e else {
         panic!("Unavailable expected: {e:?}");
     };
@@ -385,7 +386,7 @@ async fn no_credentials_anywhere_lists_what_was_tried() {
             ..Env::default()
         },
     );
-    let e = p.fetch(&request("c")).await.unwrap_err();
+    let e = p.fetch_for(&request("c")).await.unwrap_err();
     let ProviderError::Unavailable(m) = e else {
         panic!("Unavailable expected: {e:?}");
     };

@@ -5,6 +5,7 @@ use kube::api::ObjectMeta;
 
 use super::*;
 use crate::config::{Config, ProviderSpec};
+use crate::providers::ProviderTestExt as _;
 use crate::request::ClusterInfo;
 
 /// A throwaway self-signed EC certificate made for these tests (CN kueue-admin), valid
@@ -79,7 +80,7 @@ fn default_template_is_the_cluster_name() {
         }
     );
     assert_eq!(
-        p.identity(&req(json!({"clusterName": "alpha"}))).unwrap(),
+        p.key_for(&req(json!({"clusterName": "alpha"}))).unwrap(),
         "kueue-system/alpha key token"
     );
     let e = p.target(&req(json!({}))).unwrap_err();
@@ -156,7 +157,7 @@ fn kubeconfig_context_comes_from_config_or_cluster() {
         .unwrap();
     assert_eq!(t.context.as_deref(), Some("ro"));
     assert_eq!(
-        p.identity(&req(json!({"clusterName": "a"}))).unwrap(),
+        p.key_for(&req(json!({"clusterName": "a"}))).unwrap(),
         "n/a key kubeconfig context admin"
     );
 }
@@ -417,9 +418,9 @@ async fn serves_from_the_store_and_sees_updates_and_deletes() {
     let mut f = fixture("{namespace: n}");
     f.sync(vec![secret("a", "1", &[("token", "tok-a-1")])]);
     let r = req(json!({"clusterName": "a"}));
-    let c = f.provider.fetch(&r).await.unwrap();
+    let c = f.provider.fetch_for(&r).await.unwrap();
     assert_eq!(token_of(&c), "tok-a-1");
-    assert!(f.provider.is_current(&r, &c));
+    assert!(f.provider.is_current_for(&r, &c));
     assert!(f.provider.available());
 
     // A rotation: the cached credential is no longer current, a fetch reads the new one.
@@ -428,17 +429,17 @@ async fn serves_from_the_store_and_sees_updates_and_deletes() {
         "2",
         &[("token", "tok-a-2")],
     )));
-    assert!(!f.provider.is_current(&r, &c));
-    let c2 = f.provider.fetch(&r).await.unwrap();
+    assert!(!f.provider.is_current_for(&r, &c));
+    let c2 = f.provider.fetch_for(&r).await.unwrap();
     assert_eq!(token_of(&c2), "tok-a-2");
-    assert!(f.provider.is_current(&r, &c2));
+    assert!(f.provider.is_current_for(&r, &c2));
 
     // Deleted: not current, and NOT_FOUND naming the Secret.
     f.writer
         .apply_watcher_event(&watcher::Event::Delete(secret("a", "3", &[])));
-    assert!(!f.provider.is_current(&r, &c2));
+    assert!(!f.provider.is_current_for(&r, &c2));
     assert_eq!(
-        f.provider.fetch(&r).await.unwrap_err(),
+        f.provider.fetch_for(&r).await.unwrap_err(),
         ProviderError::NotFound("Secret n/a does not exist".into())
     );
 }
@@ -453,7 +454,7 @@ async fn missing_key_names_the_key_and_the_secret() {
     )]);
     assert_eq!(
         f.provider
-            .fetch(&req(json!({"clusterName": "a"})))
+            .fetch_for(&req(json!({"clusterName": "a"})))
             .await
             .unwrap_err(),
         ProviderError::NotFound(
@@ -462,7 +463,7 @@ async fn missing_key_names_the_key_and_the_secret() {
     );
     let e = f
         .provider
-        .fetch(&req(json!({"clusterName": "b"})))
+        .fetch_for(&req(json!({"clusterName": "b"})))
         .await
         .unwrap_err();
     assert_eq!(
@@ -483,7 +484,7 @@ async fn watch_down_serves_the_last_state_and_reports_not_ready() {
     assert!(!f.provider.available());
     let c = f
         .provider
-        .fetch(&req(json!({"clusterName": "a"})))
+        .fetch_for(&req(json!({"clusterName": "a"})))
         .await
         .unwrap();
     assert_eq!(token_of(&c), "tok-a-1");
@@ -496,7 +497,7 @@ async fn never_synced_fails_with_the_watch_error() {
     assert!(!f.provider.available());
     assert_eq!(
         f.provider
-            .fetch(&req(json!({"clusterName": "a"})))
+            .fetch_for(&req(json!({"clusterName": "a"})))
             .await
             .unwrap_err(),
         ProviderError::Unavailable(
@@ -510,7 +511,7 @@ async fn never_synced_and_silent_times_out() {
     let f = fixture("{namespace: n}");
     let e = f
         .provider
-        .fetch(&req(json!({"clusterName": "a"})))
+        .fetch_for(&req(json!({"clusterName": "a"})))
         .await
         .unwrap_err();
     assert_eq!(
@@ -529,7 +530,7 @@ async fn kubeconfig_secret_through_the_store() {
     f.sync(vec![secret("a", "1", &[("kubeconfig", &text)])]);
     let c = f
         .provider
-        .fetch(&req(json!({"clusterName": "a", "context": "ro"})))
+        .fetch_for(&req(json!({"clusterName": "a", "context": "ro"})))
         .await
         .unwrap();
     assert_eq!(token_of(&c), "ro-token");
