@@ -25,7 +25,7 @@ pub use yaml::{MAX_CONFIG_BYTES, MAX_EXPANDED_BYTES};
 
 /// Where the shim looks when neither `--socket` nor `CREDBROKER_SOCKET` is given (the design's
 /// contract); the deploy manifests mount an `emptyDir` there in both containers.
-pub const DEFAULT_SOCKET_PATH: &str = "/var/run/credbroker/broker.sock";
+pub use credbroker_proto::DEFAULT_SOCKET_PATH;
 /// Owner and group may connect: the manager and the sidecar share a group in the pod.
 pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
 /// Linux's `sockaddr_un.sun_path` is 108 bytes, the last one the terminating NUL; a longer

@@ -160,24 +160,13 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 async fn health_check(socket: &std::path::Path, service: String) -> Result<String, String> {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
-    let path = socket.to_owned();
-    let channel = tonic::transport::Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map(hyper_util::rt::TokioIo::new)
-            }
-        }))
-        .await
-        .map_err(|e| {
-            format!(
-                "cannot connect to {}: {}",
-                socket.display(),
-                credbroker::providers::upstream::error_chain(&e)
-            )
-        })?;
+    let channel = credbroker_proto::connect_unix(socket).await.map_err(|e| {
+        format!(
+            "cannot connect to {}: {}",
+            socket.display(),
+            credbroker::providers::upstream::error_chain(&e)
+        )
+    })?;
     let reply = HealthClient::new(channel)
         .check(HealthCheckRequest { service })
         .await

@@ -1,7 +1,11 @@
 //! What a caller asks for, converted once from the gRPC message into plain Rust and JSON so
 //! providers and the cache never deal with protobuf types.
+//!
+//! The cluster's config (its `client.authentication.k8s.io/exec` extension) has one form
+//! from the shim to a wrapped plugin: the JSON text client-go wrote ([`ClusterConfig`]),
+//! validated here once, read by providers through its parsed top-level members, handed to a
+//! plugin byte for byte and kept as that text in a [`StoredRequest`].
 
-use base64::Engine as _;
 use serde_json::{Map, Number, Value};
 
 use credbroker_proto::v1;
@@ -26,10 +30,92 @@ pub struct ClusterInfo {
     pub certificate_authority_data: Vec<u8>,
     pub proxy_url: String,
     pub disable_compression: bool,
-    /// The cluster's `client.authentication.k8s.io/exec` extension, with integral numbers
-    /// turned back into integers (protobuf's Struct carries every number as a double).
-    pub config: Map<String, Value>,
+    /// The cluster's `client.authentication.k8s.io/exec` extension.
+    pub config: ClusterConfig,
 }
+
+/// The cluster's exec extension: the JSON object as text, as the caller sent it (what a
+/// wrapped plugin receives), and its members parsed once (what providers read). Empty when
+/// the request has none.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClusterConfig {
+    json: Box<str>,
+    fields: Map<String, Value>,
+}
+
+impl ClusterConfig {
+    /// Validates `json` against `limits` (size, JSON, an object, depth, keys, key and string
+    /// lengths) and parses it. Empty text is no config.
+    pub fn parse(json: String, limits: &LimitsConfig) -> Result<Self, RequestError> {
+        if json.is_empty() {
+            return Ok(Self::default());
+        }
+        check_len(
+            || CLUSTER_CONFIG.to_owned(),
+            json.len(),
+            limits.max_cluster_config_bytes,
+            "limits.maxClusterConfigBytes",
+        )?;
+        let fields = match serde_json::from_str::<Value>(&json) {
+            Ok(Value::Object(fields)) => fields,
+            Ok(_) => {
+                return Err(RequestError::BadClusterConfig(
+                    "is not a JSON object".to_owned(),
+                ));
+            }
+            // serde_json's message names the line and column, never the text.
+            Err(e) => {
+                return Err(RequestError::BadClusterConfig(format!(
+                    "is not valid JSON: {e}"
+                )));
+            }
+        };
+        check_json_object(&fields, 1, &mut 0, limits)?;
+        Ok(Self {
+            json: json.into_boxed_str(),
+            fields,
+        })
+    }
+
+    /// Text this module wrote or validated before (a [`StoredRequest`]'s).
+    fn reparse(json: &str) -> Self {
+        Self {
+            fields: serde_json::from_str(json).unwrap_or_default(),
+            json: json.into(),
+        }
+    }
+
+    /// The JSON text, as received; `None` when the request had no config.
+    pub fn as_json(&self) -> Option<&str> {
+        (!self.json.is_empty()).then_some(&*self.json)
+    }
+
+    /// A top-level member.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.fields.get(key)
+    }
+
+    /// The top-level members, sorted by key.
+    pub fn fields(&self) -> &Map<String, Value> {
+        &self.fields
+    }
+}
+
+/// A config built from members (the deprecated Struct input, tests): written as compact JSON,
+/// keys sorted. No members is no config.
+impl From<Map<String, Value>> for ClusterConfig {
+    fn from(fields: Map<String, Value>) -> Self {
+        let json = if fields.is_empty() {
+            Box::default()
+        } else {
+            Value::Object(fields.clone()).to_string().into_boxed_str()
+        };
+        Self { json, fields }
+    }
+}
+
+/// How messages name the cluster config.
+const CLUSTER_CONFIG: &str = "the cluster config (the client.authentication.k8s.io/exec extension)";
 
 /// Why a request was refused before any provider saw it. Messages name the limit's config key
 /// and never quote the oversize text itself.
@@ -54,6 +140,9 @@ pub enum RequestError {
         "the cluster config (the client.authentication.k8s.io/exec extension) has more than {limit} keys and list items (limits.maxClusterConfigKeys); trim it or raise limits.maxClusterConfigKeys in the broker config"
     )]
     TooManyKeys { limit: u32 },
+    /// `cluster.configJson` is not a JSON object, or both it and `cluster.config` are set.
+    #[error("cluster.configJson (the client.authentication.k8s.io/exec extension) {0}")]
+    BadClusterConfig(String),
     /// What the gRPC decoder said, quoted.
     #[error("the request could not be decoded: {0}")]
     Undecodable(String),
@@ -119,9 +208,15 @@ pub fn check_limits(msg: &v1::GetTokenRequest, limits: &LimitsConfig) -> Result<
         limits.max_certificate_authority_bytes,
         "limits.maxCertificateAuthorityBytes",
     )?;
+    if cluster.config.is_some() && !cluster.config_json.is_empty() {
+        return Err(RequestError::BadClusterConfig(
+            "and cluster.config are both set; send the config once, as configJson".to_owned(),
+        ));
+    }
+    // `configJson` is checked whole by `ClusterConfig::parse`, the deprecated Struct here.
     if let Some(config) = &cluster.config {
         check_len(
-            || "the cluster config (the client.authentication.k8s.io/exec extension)".to_owned(),
+            || CLUSTER_CONFIG.to_owned(),
             prost::Message::encoded_len(config),
             limits.max_cluster_config_bytes,
             "limits.maxClusterConfigBytes",
@@ -191,6 +286,67 @@ fn check_value(
     }
 }
 
+/// [`check_struct`]'s rules on the JSON text's parsed form: the same depth (an object or a
+/// list one level below its parent), key count (members and list items) and lengths (keys
+/// and strings).
+fn check_json_object(
+    m: &Map<String, Value>,
+    depth: u32,
+    keys: &mut u32,
+    limits: &LimitsConfig,
+) -> Result<(), RequestError> {
+    if depth > limits.max_cluster_config_depth {
+        return Err(RequestError::TooDeep {
+            limit: limits.max_cluster_config_depth,
+        });
+    }
+    for (key, value) in m {
+        check_len(
+            || format!("a key of the cluster config (\"{}\")", quote(key)),
+            key.len(),
+            limits.max_field_bytes,
+            "limits.maxFieldBytes",
+        )?;
+        check_json_value(value, key, depth, keys, limits)?;
+    }
+    Ok(())
+}
+
+fn check_json_value(
+    v: &Value,
+    key: &str,
+    depth: u32,
+    keys: &mut u32,
+    limits: &LimitsConfig,
+) -> Result<(), RequestError> {
+    *keys += 1;
+    if *keys > limits.max_cluster_config_keys {
+        return Err(RequestError::TooManyKeys {
+            limit: limits.max_cluster_config_keys,
+        });
+    }
+    match v {
+        Value::String(s) => check_len(
+            || format!("the cluster config's \"{}\"", quote(key)),
+            s.len(),
+            limits.max_field_bytes,
+            "limits.maxFieldBytes",
+        ),
+        Value::Object(m) => check_json_object(m, depth + 1, keys, limits),
+        Value::Array(items) => {
+            if depth + 1 > limits.max_cluster_config_depth {
+                return Err(RequestError::TooDeep {
+                    limit: limits.max_cluster_config_depth,
+                });
+            }
+            items
+                .iter()
+                .try_for_each(|item| check_json_value(item, key, depth + 1, keys, limits))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// How a request's cluster is named in a log line, read straight from the wire message so that
 /// a refused request is logged like an accepted one: its `clusterName`, else its server, quoted
 /// (cut short, control characters escaped).
@@ -199,20 +355,41 @@ pub fn cluster_label_of(msg: &v1::GetTokenRequest) -> String {
     let Some(cluster) = &msg.cluster else {
         return NO_CLUSTER_INFO.to_owned();
     };
-    let name = cluster
-        .config
-        .as_ref()
-        .and_then(|c| c.fields.get("clusterName"))
-        .and_then(|v| match &v.kind {
-            Some(Kind::StringValue(s)) if !s.is_empty() => Some(quote(s)),
-            Some(Kind::NumberValue(n)) => Some(number_to_json(*n).to_string()),
-            Some(Kind::BoolValue(b)) => Some(b.to_string()),
-            _ => None,
-        });
+    let name = if cluster.config_json.is_empty() {
+        cluster
+            .config
+            .as_ref()
+            .and_then(|c| c.fields.get("clusterName"))
+            .and_then(|v| match &v.kind {
+                Some(Kind::StringValue(s)) if !s.is_empty() => Some(quote(s)),
+                Some(Kind::NumberValue(n)) => Some(number_to_json(*n).to_string()),
+                Some(Kind::BoolValue(b)) => Some(b.to_string()),
+                _ => None,
+            })
+    } else {
+        cluster_name_in_json(&cluster.config_json)
+    };
     match name {
         Some(name) => name,
         None if !cluster.server.is_empty() => quote(&cluster.server),
         None => NO_CLUSTER_INFO.to_owned(),
+    }
+}
+
+/// `clusterName` of a config's JSON text, quoted as [`cluster_label_of`] does; `None` when the
+/// text is not an object with one (it is refused later, with the reason). Only that member is
+/// kept: the others are skipped without being stored.
+fn cluster_name_in_json(json: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct OnlyName {
+        #[serde(rename = "clusterName")]
+        cluster_name: Option<Value>,
+    }
+    match serde_json::from_str::<OnlyName>(json).ok()?.cluster_name? {
+        Value::String(s) if !s.is_empty() => Some(quote(&s)),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
     }
 }
 
@@ -230,7 +407,10 @@ impl TokenRequest {
         if msg.provider.is_empty() {
             return Err(RequestError::MissingProvider);
         }
-        let cluster = msg.cluster.map(ClusterInfo::from_proto);
+        let cluster = msg
+            .cluster
+            .map(|c| ClusterInfo::from_proto(c, limits))
+            .transpose()?;
         Ok(Self {
             provider: msg.provider,
             cluster,
@@ -262,12 +442,13 @@ impl TokenRequest {
 }
 
 impl ClusterInfo {
-    fn from_proto(c: v1::Cluster) -> Self {
+    /// The deprecated Struct becomes JSON text here, once; `configJson` is validated as is.
+    fn from_proto(c: v1::Cluster, limits: &LimitsConfig) -> Result<Self, RequestError> {
         let config = match c.config {
-            Some(s) => struct_to_map(s),
-            None => Map::new(),
+            Some(s) => ClusterConfig::from(struct_to_map(s)),
+            None => ClusterConfig::parse(c.config_json, limits)?,
         };
-        Self {
+        Ok(Self {
             server: c.server,
             tls_server_name: c.tls_server_name,
             insecure_skip_tls_verify: c.insecure_skip_tls_verify,
@@ -275,38 +456,21 @@ impl ClusterInfo {
             proxy_url: c.proxy_url,
             disable_compression: c.disable_compression,
             config,
-        }
+        })
     }
 
-    /// client-go's `spec.cluster` JSON, as a wrapped exec plugin expects it in
-    /// `KUBERNETES_EXEC_INFO` (certificate authority data base64-encoded again).
-    pub fn to_exec_json(&self) -> Value {
-        let mut out = Map::new();
-        out.insert("server".into(), Value::String(self.server.clone()));
-        if !self.tls_server_name.is_empty() {
-            out.insert(
-                "tls-server-name".into(),
-                Value::String(self.tls_server_name.clone()),
-            );
+    /// client-go's `spec.cluster`, as a wrapped exec plugin gets it in `KUBERNETES_EXEC_INFO`
+    /// (the config's text as received).
+    pub fn to_exec_cluster(&self) -> credbroker_execcred::Cluster {
+        credbroker_execcred::Cluster {
+            server: self.server.clone(),
+            tls_server_name: self.tls_server_name.clone(),
+            insecure_skip_tls_verify: self.insecure_skip_tls_verify,
+            certificate_authority_data: self.certificate_authority_data.clone(),
+            proxy_url: self.proxy_url.clone(),
+            disable_compression: self.disable_compression,
+            config: self.config.as_json().map(str::to_owned),
         }
-        if self.insecure_skip_tls_verify {
-            out.insert("insecure-skip-tls-verify".into(), Value::Bool(true));
-        }
-        if !self.certificate_authority_data.is_empty() {
-            let b64 =
-                base64::engine::general_purpose::STANDARD.encode(&self.certificate_authority_data);
-            out.insert("certificate-authority-data".into(), Value::String(b64));
-        }
-        if !self.proxy_url.is_empty() {
-            out.insert("proxy-url".into(), Value::String(self.proxy_url.clone()));
-        }
-        if self.disable_compression {
-            out.insert("disable-compression".into(), Value::Bool(true));
-        }
-        if !self.config.is_empty() {
-            out.insert("config".into(), Value::Object(self.config.clone()));
-        }
-        Value::Object(out)
     }
 }
 
@@ -328,7 +492,7 @@ struct StoredCluster {
     certificate_authority_data: Box<[u8]>,
     proxy_url: Box<str>,
     disable_compression: bool,
-    /// The config map as JSON text.
+    /// The config's JSON text, as received.
     config: Box<str>,
 }
 
@@ -342,7 +506,7 @@ impl StoredRequest {
                 certificate_authority_data: c.certificate_authority_data.as_slice().into(),
                 proxy_url: c.proxy_url.as_str().into(),
                 disable_compression: c.disable_compression,
-                config: Value::Object(c.config.clone()).to_string().into(),
+                config: c.config.json.clone(),
             })
         });
         Self {
@@ -361,8 +525,7 @@ impl StoredRequest {
             certificate_authority_data: c.certificate_authority_data.to_vec(),
             proxy_url: c.proxy_url.to_string(),
             disable_compression: c.disable_compression,
-            // Written by `new` from a map, so it parses back to one.
-            config: serde_json::from_str(&c.config).unwrap_or_default(),
+            config: ClusterConfig::reparse(&c.config),
         });
         TokenRequest {
             provider: self.provider.to_string(),
@@ -447,7 +610,13 @@ mod tests {
         assert_eq!(req.config_str("clusterName").as_deref(), Some("a"));
         assert_eq!(req.config_str("port").as_deref(), Some("443"));
         assert_eq!(req.cluster_label(), "a");
-        let json = req.cluster.unwrap().to_exec_json();
+        let info = credbroker_execcred::ExecInfo {
+            api_version: credbroker_execcred::ApiVersion::V1,
+            interactive: false,
+            cluster: Some(req.cluster.unwrap().to_exec_cluster()),
+        };
+        let doc: Value = serde_json::from_str(&info.to_json()).unwrap();
+        let json = &doc["spec"]["cluster"];
         assert_eq!(json["certificate-authority-data"], "UEVN");
         assert_eq!(json["config"]["port"], 443);
         assert!(json.get("proxy-url").is_none());
@@ -472,7 +641,7 @@ mod tests {
                 certificate_authority_data: b"PEM".to_vec(),
                 proxy_url: "http://proxy:3128".into(),
                 disable_compression: true,
-                config,
+                config: config.into(),
             }),
             interactive: true,
         };
@@ -625,6 +794,102 @@ mod tests {
         );
         assert!(refused(with_config(vec![("n".into(), nested(2))]), &limits).contains("2 levels"));
         TokenRequest::from_proto(with_config(vec![("n".into(), nested(1))]), &limits).unwrap();
+    }
+
+    fn with_json(json: &str) -> v1::GetTokenRequest {
+        v1::GetTokenRequest {
+            provider: "p".into(),
+            cluster: Some(v1::Cluster {
+                server: "https://x".into(),
+                config_json: json.into(),
+                ..Default::default()
+            }),
+            interactive: false,
+        }
+    }
+
+    #[test]
+    fn config_json_is_kept_as_sent_and_read_once() {
+        let text = r#"{ "zone":"b", "clusterName":"a", "id":9007199254740993, "big":123456789012345678901234567890 }"#;
+        let req = TokenRequest::from_proto(with_json(text), &LimitsConfig::default()).unwrap();
+        assert_eq!(req.config_str("clusterName").as_deref(), Some("a"));
+        assert_eq!(req.config_str("id").as_deref(), Some("9007199254740993"));
+        let cluster = req.cluster.as_ref().unwrap();
+        assert_eq!(cluster.config.as_json(), Some(text));
+        assert_eq!(cluster.to_exec_cluster().config.as_deref(), Some(text));
+        // Kept for a refresh as the same text.
+        let again = StoredRequest::new(&req).request();
+        assert_eq!(again, req);
+        assert_eq!(again.cluster.unwrap().config.as_json(), Some(text));
+        assert_eq!(cluster_label_of(&with_json(text)), "a");
+        assert_eq!(cluster_label_of(&with_json(r#"{"clusterName":7}"#)), "7");
+        assert_eq!(cluster_label_of(&with_json("{not json")), "https://x");
+        // No config at all.
+        let req = TokenRequest::from_proto(with_json(""), &LimitsConfig::default()).unwrap();
+        assert_eq!(req.cluster.unwrap().config, ClusterConfig::default());
+    }
+
+    #[test]
+    fn the_deprecated_struct_becomes_the_same_text_once() {
+        let msg = with_config(vec![
+            ("port".into(), num(443.0)),
+            ("clusterName".into(), string("a")),
+        ]);
+        let req = TokenRequest::from_proto(msg, &LimitsConfig::default()).unwrap();
+        assert_eq!(
+            req.cluster.unwrap().config.as_json(),
+            Some(r#"{"clusterName":"a","port":443}"#)
+        );
+        let mut both = with_json(r#"{"clusterName":"a"}"#);
+        both.cluster.as_mut().unwrap().config = Some(prost_types::Struct::default());
+        let e = refused(both, &LimitsConfig::default());
+        assert!(e.contains("cluster.config are both set"), "{e}");
+    }
+
+    #[test]
+    fn config_json_meets_every_limit_the_struct_does() {
+        let limits = LimitsConfig::default();
+        let cases = [
+            (
+                "{not json".to_owned(),
+                "cluster.configJson (the client.authentication.k8s.io/exec extension) is not valid JSON",
+            ),
+            ("[1]".to_owned(), "is not a JSON object"),
+            (
+                format!(r#"{{"clusterName":"{}"}}"#, "x".repeat(5000)),
+                "the cluster config's \"clusterName\" is 5000 bytes",
+            ),
+            (
+                format!(r#"{{"k\n{}":1}}"#, "x".repeat(5000)),
+                "limits.maxFieldBytes",
+            ),
+            (
+                format!(r#"{{"a":"{}"}}"#, "x".repeat(20_000)),
+                "limits.maxClusterConfigBytes",
+            ),
+            (
+                format!("{}1{}", r#"{"n":"#.repeat(9), "}".repeat(9)),
+                "more than 8 levels deep (limits.maxClusterConfigDepth)",
+            ),
+            (
+                format!(r#"{{"l":[{}1]}}"#, "1,".repeat(299)),
+                "more than 256 keys and list items (limits.maxClusterConfigKeys)",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = refused(with_json(&text), &limits);
+            assert!(e.contains(want), "{want}: {e:.300}");
+            // Keys are quoted cut short (256 characters), values never.
+            assert!(
+                !e.contains(&"x".repeat(300)) && !e.contains('\n'),
+                "{e:.300}"
+            );
+        }
+        // Just within: 8 levels, a 4096-byte string.
+        let deep = format!(r#"{}{{"s":"leaf"}}{}"#, r#"{"n":"#.repeat(7), "}".repeat(7));
+        TokenRequest::from_proto(with_json(&deep), &limits).unwrap();
+        let long = format!(r#"{{"clusterName":"{}"}}"#, "x".repeat(4096));
+        TokenRequest::from_proto(with_json(&long), &limits).unwrap();
     }
 
     #[test]

@@ -47,7 +47,9 @@ pub fn code_and_reason(e: &BrokerError) -> (Code, &'static str) {
 
 fn request_reason(e: &RequestError) -> &'static str {
     match e {
-        RequestError::MissingProvider | RequestError::Undecodable(_) => reason::INVALID_REQUEST,
+        RequestError::MissingProvider
+        | RequestError::Undecodable(_)
+        | RequestError::BadClusterConfig(_) => reason::INVALID_REQUEST,
         RequestError::TooLarge { .. }
         | RequestError::TooDeep { .. }
         | RequestError::TooManyKeys { .. } => reason::REQUEST_OVER_LIMIT,
@@ -103,7 +105,9 @@ fn metadata(e: &BrokerError) -> HashMap<String, String> {
             RequestError::TooManyKeys { .. } => {
                 put("limit", "limits.maxClusterConfigKeys".into());
             }
-            RequestError::MissingProvider | RequestError::Undecodable(_) => {}
+            RequestError::MissingProvider
+            | RequestError::Undecodable(_)
+            | RequestError::BadClusterConfig(_) => {}
         },
         BrokerError::BadSelection(_) => {}
         BrokerError::Provider {
@@ -486,6 +490,14 @@ mod table {
                 vec![],
             ),
             (
+                BrokerError::BadRequest(RequestError::BadClusterConfig(
+                    "is not a JSON object".into(),
+                )),
+                Code::InvalidArgument,
+                reason::INVALID_REQUEST,
+                vec![],
+            ),
+            (
                 BrokerError::BadRequest(RequestError::TooLarge {
                     what: "the provider name".into(),
                     size: 9,
@@ -623,6 +635,7 @@ mod table {
             BrokerError::BadRequest(r) => match r {
                 RequestError::MissingProvider
                 | RequestError::Undecodable(_)
+                | RequestError::BadClusterConfig(_)
                 | RequestError::TooLarge { .. }
                 | RequestError::TooDeep { .. }
                 | RequestError::TooManyKeys { .. } => {}

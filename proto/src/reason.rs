@@ -14,7 +14,8 @@ pub const CALLER_NOT_ALLOWED: &str = "CALLER_NOT_ALLOWED";
 pub const RATE_LIMITED: &str = "RATE_LIMITED";
 /// `NOT_FOUND`: no provider of that name is configured. Metadata: `provider`.
 pub const UNKNOWN_PROVIDER: &str = "UNKNOWN_PROVIDER";
-/// `INVALID_ARGUMENT`: the request is malformed (no provider, undecodable).
+/// `INVALID_ARGUMENT`: the request is malformed (no provider, undecodable, a
+/// `cluster.config_json` that is not a JSON object or comes with `cluster.config`).
 pub const INVALID_REQUEST: &str = "INVALID_REQUEST";
 /// `INVALID_ARGUMENT`: the request, or a field of it, is over a `limits` bound.
 /// Metadata: `limit` (the config key, e.g. `limits.maxRequestBytes`).

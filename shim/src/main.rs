@@ -6,25 +6,19 @@
 //! so every failure here is exactly one line, `credbroker-shim: <what failed>: <why> (<hint>)`,
 //! with nothing on stdout. The binary is static and small: it is exec'd for every credential.
 
-mod exec_credential;
-
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use credbroker_proto::code_name;
+use credbroker_execcred::{ApiVersion, EXEC_INFO_ENV, exec_credential, parse_exec_info};
 use credbroker_proto::v1::token_service_client::TokenServiceClient;
-use credbroker_proto::v1::{GetTokenRequest, GetTokenResponse};
-use exec_credential::{exec_credential_json, parse_exec_info};
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Endpoint, Uri};
+use credbroker_proto::v1::{Cluster, GetTokenRequest, GetTokenResponse};
+use credbroker_proto::{DEFAULT_SOCKET_PATH as DEFAULT_SOCKET, code_name};
 
-const DEFAULT_SOCKET: &str = "/var/run/credbroker/broker.sock";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const SOCKET_ENV: &str = "CREDBROKER_SOCKET";
-const EXEC_INFO_ENV: &str = "KUBERNETES_EXEC_INFO";
 const USAGE: &str = "credbroker-shim --provider NAME [--socket PATH] [--timeout DURATION]";
 
 const HELP: &str = "\
@@ -251,7 +245,17 @@ pub async fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<
     let info = parse_exec_info(exec_info).map_err(exec_info_failure)?;
     let request = GetTokenRequest {
         provider: args.provider.clone(),
-        cluster: info.cluster,
+        cluster: info.cluster.map(|c| Cluster {
+            server: c.server,
+            tls_server_name: c.tls_server_name,
+            insecure_skip_tls_verify: c.insecure_skip_tls_verify,
+            certificate_authority_data: c.certificate_authority_data,
+            proxy_url: c.proxy_url,
+            disable_compression: c.disable_compression,
+            // The text client-go wrote, as it wrote it (never the deprecated Struct).
+            config: None,
+            config_json: c.config.unwrap_or_default(),
+        }),
         interactive: info.interactive,
     };
     let response = tokio::time::timeout(args.timeout, get_token(socket, request))
@@ -276,6 +280,22 @@ pub async fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<
     })
 }
 
+/// Renders the broker's answer as the ExecCredential client-go reads (see
+/// [`exec_credential::render`] for what is refused).
+fn exec_credential_json(
+    api_version: ApiVersion,
+    resp: &GetTokenResponse,
+    now_unix: i64,
+) -> Result<String, String> {
+    let status = exec_credential::Status {
+        token: &resp.token,
+        client_certificate_data: &resp.client_certificate_data,
+        client_key_data: &resp.client_key_data,
+        expiration_unix: resp.expiration_time.as_ref().map(|t| t.seconds),
+    };
+    exec_credential::render(api_version, &status, now_unix)
+}
+
 /// Seconds since the Unix epoch; a clock before 1970 reads as 0.
 fn unix_now() -> i64 {
     SystemTime::now()
@@ -287,27 +307,14 @@ fn unix_now() -> i64 {
 /// Connects to the broker's Unix socket and makes the one `GetToken` call.
 async fn get_token(socket: &Path, request: GetTokenRequest) -> Result<GetTokenResponse, Failure> {
     let provider = request.provider.clone();
-    let path = socket.to_path_buf();
-    // The URI only fills `:authority`; "localhost" is what every gRPC server accepts
-    // (h2 rejects a socket path there). The connector ignores it and dials the socket.
-    let channel = Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map(TokioIo::new)
-            }
-        }))
-        .await
-        .map_err(|e| {
-            Failure::new(
-                format!("cannot connect to the broker at {}", socket.display()),
-                error_chain(&e),
-                "is the credbroker sidecar running and the socket volume shared with this \
+    let channel = credbroker_proto::connect_unix(socket).await.map_err(|e| {
+        Failure::new(
+            format!("cannot connect to the broker at {}", socket.display()),
+            error_chain(&e),
+            "is the credbroker sidecar running and the socket volume shared with this \
                  container? set --socket or CREDBROKER_SOCKET",
-            )
-        })?;
+        )
+    })?;
     TokenServiceClient::new(channel)
         .get_token(request)
         .await
@@ -888,7 +895,7 @@ mod tests {
         let stamp = doc["status"]["expirationTimestamp"].as_str().unwrap();
         assert_eq!(
             stamp,
-            exec_credential::rfc3339_utc(unix_now() + 3600).unwrap()
+            credbroker_execcred::rfc3339_utc(unix_now() + 3600).unwrap()
         );
 
         let req = seen.lock().unwrap().clone().unwrap();
@@ -896,11 +903,9 @@ mod tests {
         let cluster = req.cluster.unwrap();
         assert_eq!(cluster.server, "https://c1:6443");
         assert_eq!(cluster.certificate_authority_data, b"PEM");
-        let config = cluster.config.unwrap();
-        assert_eq!(
-            config.fields["port"].kind,
-            Some(prost_types::value::Kind::NumberValue(443.0))
-        );
+        // The config as client-go wrote it, never the lossy Struct.
+        assert_eq!(cluster.config, None);
+        assert_eq!(cluster.config_json, r#"{"clusterName":"c1","port":443}"#);
     }
 
     #[tokio::test]

@@ -32,7 +32,7 @@ fn req(cluster: &str) -> TokenRequest {
         provider: "fake".into(),
         cluster: Some(ClusterInfo {
             server: format!("https://{cluster}"),
-            config,
+            config: config.into(),
             ..Default::default()
         }),
         interactive: false,

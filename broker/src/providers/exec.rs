@@ -6,14 +6,15 @@ use std::ffi::OsString;
 use std::process::Stdio;
 use std::time::SystemTime;
 
-use serde_json::{Value, json};
+use credbroker_execcred::{ApiVersion, ExecInfo, exec_credential};
+use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::process::{Child, Command};
 
 use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
 
-use self::config::{Config as ExecConfig, DEFAULT_EXEC_PASS_ENV, EXEC_API_V1, EXEC_API_V1BETA1};
+use self::config::{Config as ExecConfig, DEFAULT_EXEC_PASS_ENV};
 
 use super::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Resolved, Secret};
 
@@ -37,18 +38,16 @@ impl ExecProvider {
         Self { config }
     }
 
-    /// `KUBERNETES_EXEC_INFO` for the plugin: the caller's cluster, never interactive.
+    /// `KUBERNETES_EXEC_INFO` for the plugin, as client-go writes it: the caller's cluster
+    /// (its config the very text client-go sent), never interactive.
     fn exec_info(&self, req: &TokenRequest) -> String {
-        let mut spec = json!({ "interactive": false });
-        if let Some(cluster) = &req.cluster {
-            spec["cluster"] = cluster.to_exec_json();
+        ExecInfo {
+            // Validated when the config was loaded.
+            api_version: ApiVersion::parse(&self.config.api_version).unwrap_or(ApiVersion::DEFAULT),
+            interactive: false,
+            cluster: req.cluster.as_ref().map(|c| c.to_exec_cluster()),
         }
-        json!({
-            "apiVersion": self.config.api_version,
-            "kind": "ExecCredential",
-            "spec": spec,
-        })
-        .to_string()
+        .to_json()
     }
 
     /// What the plugin gets of the broker's own environment: the default allowlist plus
@@ -156,16 +155,22 @@ impl Provider for ExecProvider {
                 ProviderError::InvalidRequest(format!("cluster config cannot be rendered: {e}"))
             })
         };
-        let mut connection = match c.to_exec_json() {
-            Value::Object(map) => map,
-            _ => serde_json::Map::new(),
-        };
-        connection.remove("server");
-        connection.remove("config");
+        // The connection settings as the plugin sees them, without the server (in the key
+        // already) and the config (digested on its own, whatever its key order).
+        let connection = ExecInfo {
+            api_version: ApiVersion::V1,
+            interactive: false,
+            cluster: Some(credbroker_execcred::Cluster {
+                server: String::new(),
+                config: None,
+                ..c.to_exec_cluster()
+            }),
+        }
+        .to_json();
         let mut digest = sha2::Sha256::new();
-        digest.update(render(&Value::Object(c.config.clone()))?);
+        digest.update(render(&Value::Object(c.config.fields().clone()))?);
         digest.update(b"\n");
-        digest.update(render(&Value::Object(connection))?);
+        digest.update(connection);
         let hex: String = digest
             .finalize()
             .iter()
@@ -283,77 +288,38 @@ fn first_lines(stderr: &[u8]) -> String {
     }
 }
 
-/// Parses an ExecCredential (v1 or v1beta1). Errors describe the structure only: the
-/// output holds a secret, so none of its values is ever quoted.
+/// Parses a plugin's ExecCredential (v1 or v1beta1) into a credential: the token checked by
+/// the one rule for every provider, no expiry meaning `default_lifetime` from now. Errors
+/// describe the structure only: the output holds a secret, so none of its values is quoted.
 ///
 /// Public for the fuzz target in `fuzz/` (the exec provider is its only caller).
 pub fn parse_exec_credential(
     stdout: &[u8],
     default_lifetime: std::time::Duration,
 ) -> Result<Credential, String> {
-    let value: Value = serde_json::from_slice(stdout).map_err(|e| format!("not JSON ({e})"))?;
-    let api_version = value
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    if api_version != EXEC_API_V1 && api_version != EXEC_API_V1BETA1 {
-        return Err(format!(
-            "apiVersion must be {EXEC_API_V1} or {EXEC_API_V1BETA1}"
-        ));
-    }
-    if value.get("kind").and_then(Value::as_str) != Some("ExecCredential") {
-        return Err("kind must be ExecCredential".into());
-    }
-    let status = value
-        .get("status")
-        .and_then(Value::as_object)
-        .ok_or("no status object")?;
-    let field = |name: &str| -> Result<Option<String>, String> {
-        match status.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) if s.is_empty() => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(format!("status.{name} must be a string")),
-        }
-    };
-    let secret = match (
-        field("token")?,
-        field("clientCertificateData")?,
-        field("clientKeyData")?,
-    ) {
-        (Some(token), _, _) => CredentialSecret::Token(Secret::new(
+    let parsed = exec_credential::parse(stdout)?;
+    let secret = match parsed.credential {
+        exec_credential::Credential::Token(token) => CredentialSecret::Token(Secret::new(
             super::bearer_token(&token).map_err(|e| format!("status.token {e}"))?,
         )),
-        (None, Some(certificate_pem), Some(key)) => CredentialSecret::ClientCertificate {
+        exec_credential::Credential::ClientCertificate {
             certificate_pem,
-            key_pem: Secret::new(key),
+            key_pem,
+        } => CredentialSecret::ClientCertificate {
+            certificate_pem,
+            key_pem: Secret::new(key_pem),
         },
-        (None, Some(_), None) | (None, None, Some(_)) => {
-            return Err("status.clientCertificateData and status.clientKeyData go together".into());
-        }
-        (None, None, None) => {
-            return Err("status has neither token nor clientCertificateData".into());
-        }
-    };
-    let expires_at = match field("expirationTimestamp")? {
-        Some(text) => {
-            parse_rfc3339(&text).map_err(|e| format!("status.expirationTimestamp {text:?}: {e}"))?
-        }
-        None => SystemTime::now() + default_lifetime,
     };
     Ok(Credential {
         secret,
-        expires_at,
+        expires_at: parsed
+            .expiration
+            .unwrap_or_else(|| SystemTime::now() + default_lifetime),
         source_version: None,
     })
 }
 
-fn parse_rfc3339(text: &str) -> Result<SystemTime, String> {
-    let parsed = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-        .map_err(|e| format!("not an RFC 3339 time ({e})"))?;
-    Ok(SystemTime::from(parsed))
-}
-
 pub mod config;
+
 #[cfg(test)]
 mod tests;

@@ -199,7 +199,7 @@ mod tests {
         TokenRequest {
             provider: "f".into(),
             cluster: Some(ClusterInfo {
-                config,
+                config: config.into(),
                 ..Default::default()
             }),
             interactive: false,

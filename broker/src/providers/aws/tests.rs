@@ -258,7 +258,7 @@ fn request(server: &str, config: Value) -> TokenRequest {
         provider: "eks".into(),
         cluster: Some(ClusterInfo {
             server: server.into(),
-            config,
+            config: config.into(),
             ..ClusterInfo::default()
         }),
         interactive: false,
@@ -656,7 +656,7 @@ fn map_of_config_keys_is_read_as_strings() {
         provider: "eks".into(),
         cluster: Some(ClusterInfo {
             server: EKS_SERVER.into(),
-            config,
+            config: config.into(),
             ..ClusterInfo::default()
         }),
         interactive: false,

@@ -134,7 +134,7 @@ fn req(config: Value) -> TokenRequest {
         provider: "aks".into(),
         cluster: Some(ClusterInfo {
             server: "https://aks.example:443".into(),
-            config,
+            config: config.into(),
             ..Default::default()
         }),
         interactive: false,

@@ -21,7 +21,7 @@ pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(30);
 /// lifetime of an EKS token, the shortest of the common cloud tokens.
 pub const DEFAULT_EXEC_LIFETIME: Duration = Duration::from_secs(15 * 60);
 /// The ExecCredential version most plugins speak; older ones speak only v1beta1.
-pub const DEFAULT_EXEC_API_VERSION: &str = EXEC_API_V1;
+pub const DEFAULT_EXEC_API_VERSION: &str = credbroker_execcred::ApiVersion::DEFAULT.as_str();
 /// What a wrapped plugin gets from the broker's environment unless `exec.passEnv` adds more
 /// (or `exec.inheritEnv: true` passes everything): enough to run helpers (PATH, HOME, locale,
 /// temp dir), to reach upstreams the way the broker does (proxies, extra CAs) and to find the
@@ -49,8 +49,7 @@ pub const DEFAULT_EXEC_PASS_ENV: &[&str] = &[
 ];
 /// The ExecCredential versions client-go speaks (and the only ones a wrapped plugin may be
 /// asked for).
-pub const EXEC_API_V1: &str = "client.authentication.k8s.io/v1";
-pub const EXEC_API_V1BETA1: &str = "client.authentication.k8s.io/v1beta1";
+pub use credbroker_execcred::{API_V1 as EXEC_API_V1, API_V1BETA1 as EXEC_API_V1BETA1};
 
 /// Wraps an existing kubeconfig exec plugin, adding the cache and single-flight.
 #[derive(Debug, Clone, Deserialize, PartialEq)]

@@ -5,10 +5,13 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use super::config::{EXEC_API_V1, EXEC_API_V1BETA1};
 use super::*;
 use crate::config::values::ConfigDuration;
 use crate::providers::ProviderTestExt as _;
 use crate::request::ClusterInfo;
+use credbroker_execcred::parse_rfc3339;
+use serde_json::json;
 
 fn plugin(dir: &Path, body: &str) -> PathBuf {
     let path = dir.join("plugin.sh");
@@ -43,7 +46,7 @@ fn req(cluster: &str) -> TokenRequest {
         cluster: Some(ClusterInfo {
             server: "https://127.0.0.1:6443".into(),
             certificate_authority_data: b"PEM".to_vec(),
-            config,
+            config: config.into(),
             ..Default::default()
         }),
         interactive: true,
@@ -484,15 +487,14 @@ fn identity_is_server_plus_config() {
     reordered.insert("port".into(), 443.into());
     reordered.insert("clusterName".into(), "a".into());
     let mut r = req("a");
-    r.cluster.as_mut().unwrap().config = reordered;
+    r.cluster.as_mut().unwrap().config = reordered.into();
     assert_eq!(a, p.key_for(&r).unwrap());
     // The key stays small whatever the extension holds (ListEntries shows every key).
     let mut big = req("a");
-    big.cluster
-        .as_mut()
-        .unwrap()
-        .config
-        .insert("blob".into(), "x".repeat(16 * 1024).into());
+    let cluster = big.cluster.as_mut().unwrap();
+    let mut config = cluster.config.fields().clone();
+    config.insert("blob".into(), "x".repeat(16 * 1024).into());
+    cluster.config = config.into();
     let id = p.key_for(&big).unwrap();
     assert!(id.len() < 128, "{} bytes: {id:.80}", id.len());
     assert!(id.starts_with("https://"), "{id}");

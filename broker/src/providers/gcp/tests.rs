@@ -46,7 +46,7 @@ fn request(cluster: &str) -> TokenRequest {
         provider: "gke".into(),
         cluster: Some(ClusterInfo {
             server: format!("https://{cluster}.example"),
-            config,
+            config: config.into(),
             ..ClusterInfo::default()
         }),
         interactive: false,

@@ -43,7 +43,7 @@ fn req(config: serde_json::Value) -> TokenRequest {
     TokenRequest {
         provider: "s".into(),
         cluster: Some(ClusterInfo {
-            config: config.as_object().cloned().unwrap_or_default(),
+            config: config.as_object().cloned().unwrap_or_default().into(),
             ..Default::default()
         }),
         interactive: false,

@@ -24,7 +24,7 @@ fn request(config: Value) -> TokenRequest {
         provider: "p".into(),
         cluster: Some(ClusterInfo {
             server: "https://w1.example".into(),
-            config,
+            config: config.into(),
             ..Default::default()
         }),
         interactive: false,

@@ -1,0 +1,228 @@
+//! `KUBERNETES_EXEC_INFO`: the ExecCredential (spec only) client-go hands a plugin.
+
+use base64::Engine as _;
+use serde_json::{Map, Value};
+
+use crate::json_span::member;
+use crate::{ApiVersion, KIND};
+
+/// What `KUBERNETES_EXEC_INFO` says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecInfo {
+    pub api_version: ApiVersion,
+    /// `spec.interactive`. The broker never prompts: wrapped plugins always see false.
+    pub interactive: bool,
+    /// `spec.cluster`; client-go sends it only with `provideClusterInfo: true`.
+    pub cluster: Option<Cluster>,
+}
+
+/// client-go's `spec.cluster` (`clientauthentication.Cluster`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Cluster {
+    pub server: String,
+    pub tls_server_name: String,
+    pub insecure_skip_tls_verify: bool,
+    /// PEM bytes, base64-decoded (the JSON carries them base64-encoded).
+    pub certificate_authority_data: Vec<u8>,
+    pub proxy_url: String,
+    pub disable_compression: bool,
+    /// `spec.cluster.config`, the cluster's `client.authentication.k8s.io/exec` extension: a
+    /// JSON object as the text client-go sent, byte for byte (whitespace included). `None`
+    /// when absent or null.
+    pub config: Option<String>,
+}
+
+/// Parses `KUBERNETES_EXEC_INFO`. Absent or empty means an old client or a hand-run plugin:
+/// v1beta1 without cluster information. The error names the field that is wrong and never
+/// quotes a value but `kind` and `apiVersion`.
+pub fn parse_exec_info(raw: Option<&str>) -> Result<ExecInfo, String> {
+    let raw = raw.map(str::trim).unwrap_or_default();
+    if raw.is_empty() {
+        return Ok(ExecInfo {
+            api_version: ApiVersion::V1Beta1,
+            interactive: false,
+            cluster: None,
+        });
+    }
+    let doc: Value = serde_json::from_str(raw).map_err(|e| format!("not valid JSON: {e}"))?;
+    let doc = doc.as_object().ok_or("not a JSON object")?;
+
+    let kind = opt_str(doc, "kind", "kind")?;
+    if kind != KIND {
+        return Err(format!("kind is {kind:?}, expected \"{KIND}\""));
+    }
+    let version = opt_str(doc, "apiVersion", "apiVersion")?;
+    let api_version = ApiVersion::parse(&version).ok_or_else(|| {
+        format!(
+            "apiVersion {version:?} is not supported (expected {} or {})",
+            crate::API_V1,
+            crate::API_V1BETA1
+        )
+    })?;
+
+    let Some(spec) = opt_object(doc, "spec", "spec")? else {
+        return Ok(ExecInfo {
+            api_version,
+            interactive: false,
+            cluster: None,
+        });
+    };
+    let interactive = opt_bool(spec, "interactive", "spec.interactive")?;
+    let cluster = match opt_object(spec, "cluster", "spec.cluster")? {
+        None => None,
+        Some(c) => {
+            // Where the config's text is, found only once the document is known to be valid.
+            let config_text = member(raw, 0..raw.len(), "spec")
+                .and_then(|spec| member(raw, spec, "cluster"))
+                .and_then(|cluster| member(raw, cluster, "config"))
+                .map(|span| &raw[span]);
+            Some(parse_cluster(c, config_text)?)
+        }
+    };
+    Ok(ExecInfo {
+        api_version,
+        interactive,
+        cluster,
+    })
+}
+
+/// client-go's `spec.cluster` (kebab-case keys, base64 CA); `config_text` is the raw text of
+/// its `config` member.
+fn parse_cluster(c: &Map<String, Value>, config_text: Option<&str>) -> Result<Cluster, String> {
+    let ca_b64 = opt_str(
+        c,
+        "certificate-authority-data",
+        "spec.cluster.certificate-authority-data",
+    )?;
+    let certificate_authority_data = base64::engine::general_purpose::STANDARD
+        .decode(ca_b64.trim())
+        .map_err(|e| format!("spec.cluster.certificate-authority-data is not valid base64: {e}"))?;
+    let config = match c.get("config") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(_)) => Some(
+            config_text
+                .ok_or("spec.cluster.config could not be located in the text")?
+                .to_owned(),
+        ),
+        Some(_) => return Err("spec.cluster.config must be a JSON object".to_owned()),
+    };
+    Ok(Cluster {
+        server: opt_str(c, "server", "spec.cluster.server")?,
+        tls_server_name: opt_str(c, "tls-server-name", "spec.cluster.tls-server-name")?,
+        insecure_skip_tls_verify: opt_bool(
+            c,
+            "insecure-skip-tls-verify",
+            "spec.cluster.insecure-skip-tls-verify",
+        )?,
+        certificate_authority_data,
+        proxy_url: opt_str(c, "proxy-url", "spec.cluster.proxy-url")?,
+        disable_compression: opt_bool(
+            c,
+            "disable-compression",
+            "spec.cluster.disable-compression",
+        )?,
+        config,
+    })
+}
+
+impl ExecInfo {
+    /// `KUBERNETES_EXEC_INFO` as client-go writes it: compact, in the Go structs' field order
+    /// (`kind`, `apiVersion`, `spec`; the cluster's fields as `clientauthentication.Cluster`
+    /// declares them), empty fields left out, and the cluster's `config` spliced in as the text
+    /// it arrived as.
+    ///
+    /// `config` must hold one JSON value (as [`parse_exec_info`] and the broker's request
+    /// check make sure); it is not re-validated here.
+    pub fn to_json(&self) -> String {
+        let mut out = format!(
+            "{{\"kind\":\"{KIND}\",\"apiVersion\":\"{}\",\"spec\":{{",
+            self.api_version.as_str()
+        );
+        if let Some(c) = &self.cluster {
+            out.push_str("\"cluster\":");
+            c.write_json(&mut out);
+            out.push(',');
+        }
+        out.push_str(if self.interactive {
+            "\"interactive\":true}}"
+        } else {
+            "\"interactive\":false}}"
+        });
+        out
+    }
+}
+
+impl Cluster {
+    fn write_json(&self, out: &mut String) {
+        let mut fields: Vec<(&str, String)> = vec![("server", json_string(&self.server))];
+        if !self.tls_server_name.is_empty() {
+            fields.push(("tls-server-name", json_string(&self.tls_server_name)));
+        }
+        if self.insecure_skip_tls_verify {
+            fields.push(("insecure-skip-tls-verify", "true".to_owned()));
+        }
+        if !self.certificate_authority_data.is_empty() {
+            let b64 =
+                base64::engine::general_purpose::STANDARD.encode(&self.certificate_authority_data);
+            fields.push(("certificate-authority-data", json_string(&b64)));
+        }
+        if !self.proxy_url.is_empty() {
+            fields.push(("proxy-url", json_string(&self.proxy_url)));
+        }
+        if self.disable_compression {
+            fields.push(("disable-compression", "true".to_owned()));
+        }
+        if let Some(config) = &self.config {
+            fields.push(("config", config.clone()));
+        }
+        out.push('{');
+        for (i, (key, value)) in fields.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push('"');
+            out.push_str(key);
+            out.push_str("\":");
+            out.push_str(value);
+        }
+        out.push('}');
+    }
+}
+
+fn json_string(s: &str) -> String {
+    Value::String(s.to_owned()).to_string()
+}
+
+/// A string field; absent or null reads as empty (Go's `omitempty` drops empty strings).
+fn opt_str(obj: &Map<String, Value>, key: &str, path: &str) -> Result<String, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(format!("{path} must be a string")),
+    }
+}
+
+/// A boolean field; absent or null reads as false (Go's `omitempty` drops false).
+fn opt_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<bool, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(format!("{path} must be true or false")),
+    }
+}
+
+/// An object field; absent or null reads as `None`.
+fn opt_object<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<Option<&'a Map<String, Value>>, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(_) => Err(format!("{path} must be a JSON object")),
+    }
+}
+
+#[cfg(test)]
+mod tests;
