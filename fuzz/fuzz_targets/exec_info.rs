@@ -4,27 +4,27 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[allow(dead_code, unreachable_pub)]
-#[path = "../../shim/src/exec_credential.rs"]
-mod exec_credential;
+use credbroker_execcred::{exec_credential, parse_exec_info};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    match exec_credential::parse_exec_info(Some(text)) {
+    match parse_exec_info(Some(text)) {
         Ok(info) => {
             // What the shim does next with an accepted document: print a credential in
             // the same apiVersion.
-            let response = credbroker_proto::v1::GetTokenResponse {
-                token: "t".into(),
-                expiration_time: Some(prost_types::Timestamp {
-                    seconds: 4_102_444_800,
-                    nanos: 0,
-                }),
-                ..Default::default()
+            let status = exec_credential::Status {
+                token: "t",
+                client_certificate_data: "",
+                client_key_data: "",
+                expiration_unix: Some(4_102_444_800),
             };
-            let _ = exec_credential::exec_credential_json(info.api_version, &response, 0);
+            let _ = exec_credential::render(info.api_version, &status, 0);
+            // What the broker hands a wrapped plugin, rendered from it, parses back the same
+            // (the config's text untouched).
+            let again = parse_exec_info(Some(&info.to_json())).expect("rendered exec info parses");
+            assert_eq!(again, info);
         }
         Err(message) => assert!(!message.is_empty()),
     }

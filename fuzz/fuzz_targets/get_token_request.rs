@@ -30,11 +30,21 @@ fuzz_target!(|data: &[u8]| {
                 for field in [&c.server, &c.tls_server_name, &c.proxy_url] {
                     assert!(field.len() <= limits.max_field_bytes as usize);
                 }
-                let _ = c.to_exec_json();
+                // What a wrapped plugin gets parses back to the same cluster, its config
+                // text untouched.
+                let info = credbroker_execcred::ExecInfo {
+                    api_version: credbroker_execcred::ApiVersion::V1,
+                    interactive: false,
+                    cluster: Some(c.to_exec_cluster()),
+                }
+                .to_json();
+                let back = credbroker_execcred::parse_exec_info(Some(&info))
+                    .expect("rendered KUBERNETES_EXEC_INFO parses");
+                assert_eq!(back.cluster, Some(c.to_exec_cluster()));
             }
             let _ = req.cluster_label();
-            // What the cache keeps for a forced refresh.
-            let _ = StoredRequest::new(&req).request();
+            // What the cache keeps for a forced refresh comes back as it was.
+            assert_eq!(StoredRequest::new(&req).request(), req);
         }
         Err(e) => {
             let message = e.to_string();

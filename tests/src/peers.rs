@@ -11,7 +11,6 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use base64::Engine as _;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
 use crate::{COMMAND_TIMEOUT, SHIM, bin, require_tool, run};
@@ -100,17 +99,10 @@ pub fn grpcurl(socket: &Path, flags: &[&str], args: &[&str]) -> Output {
 
 /// A tonic channel to the broker's Unix socket.
 pub async fn unix_channel(socket: &Path) -> tonic::transport::Channel {
-    let path = socket.to_path_buf();
-    tonic::transport::Endpoint::from_static("http://localhost")
+    let endpoint = credbroker_proto::unix_endpoint()
         .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(30))
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }))
+        .timeout(Duration::from_secs(30));
+    credbroker_proto::connect_unix_with(endpoint, socket)
         .await
         .unwrap_or_else(|e| panic!("connect to {}: {e}", socket.display()))
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use credbroker_tests::{
     Broker, ExecPlugin, PluginOptions, V1, assert_credential, assert_shim_error, config_yaml,
-    exec_info, exec_provider, process_alive, run_shim, send_signal, spawn_shim, tempdir,
+    exec_info, exec_provider, process_alive, run_shim, send_signal, sh_quote, spawn_shim, tempdir,
     wait_until,
 };
 use serde_json::json;
@@ -179,5 +179,42 @@ fn clusters_that_differ_only_in_tls_server_name_get_a_token_each() {
     assert_eq!(
         plugin.exec_info(2)["spec"]["cluster"]["tls-server-name"],
         "b.example"
+    );
+}
+
+/// The cluster config travels as the text client-go wrote: a wrapped plugin gets
+/// `KUBERNETES_EXEC_INFO` byte for byte as the shim got it, integers past 2^53 (and past 64
+/// bits), unsorted keys and `1.50` included, never a double's rounding of them.
+#[test]
+fn a_wrapped_plugin_receives_the_cluster_config_client_go_sent_byte_for_byte() {
+    let dir = tempdir();
+    let seen = dir.path().join("seen-exec-info");
+    let plugin = dir.path().join("plugin.sh");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\nprintf '%s' \"$KUBERNETES_EXEC_INFO\" > {}\n\
+             echo '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{{\"token\":\"wrapped-token\"}}}}'\n",
+            sh_quote(seen.to_str().expect("UTF-8 path"))
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let broker = Broker::start(&config_yaml(&[exec_provider("wrapped", &plugin, "")]));
+    // What client-go writes (Go's encoding/json: compact, struct field order); the plugin runs
+    // with the provider's apiVersion (v1) and never interactive, so all of it comes through.
+    let info = r#"{"kind":"ExecCredential","apiVersion":"client.authentication.k8s.io/v1","spec":{"cluster":{"server":"https://big.example:6443","certificate-authority-data":"UEVNIQ==","config":{"zone":"b","clusterName":"big","id":9007199254740993,"huge":123456789012345678901234567890,"ratio":1.50,"nested":{"z":[18446744073709551615,-9007199254740993]}}},"interactive":false}}"#;
+    let out = run_shim(broker.socket(), &["--provider", "wrapped"], Some(info));
+    assert_eq!(assert_credential(&out, V1).token, "wrapped-token");
+    let got = std::fs::read_to_string(&seen).expect("the plugin ran");
+    assert_eq!(
+        got, info,
+        "what the plugin got differs from what client-go sent"
+    );
+    // The broker read the same config: its log names the cluster by clusterName.
+    assert!(
+        broker.logs().contains(r#"cluster="big""#),
+        "{}",
+        broker.logs()
     );
 }

@@ -118,6 +118,45 @@ fn grpcurl_get_token_and_not_found() {
     );
 }
 
+/// grpcurl users send the cluster config as `configJson` (JSON text in a JSON string) or, as
+/// before, as the deprecated `config` object; both reach the provider, both at once do not.
+#[test]
+fn grpcurl_sends_the_cluster_config_either_way_but_not_both() {
+    let (_files, broker) = static_broker();
+    let call = |cluster: &str| {
+        grpcurl(
+            broker.socket(),
+            &[
+                "-d",
+                &format!(r#"{{"provider":"static","cluster":{cluster}}}"#),
+            ],
+            &["credbroker.v1.TokenService/GetToken"],
+        )
+    };
+    for cluster in [
+        r#"{"server":"https://x","configJson":"{\"clusterName\":\"a\"}"}"#,
+        r#"{"server":"https://x","config":{"clusterName":"a"}}"#,
+    ] {
+        let out = call(cluster);
+        let json: Value = serde_json::from_str(&stdout_of(&out)).expect("GetToken JSON");
+        assert_eq!(json["token"], "token-a", "{cluster}: {json}");
+    }
+    let out = call(
+        r#"{"server":"https://x","config":{"clusterName":"a"},"configJson":"{\"clusterName\":\"a\"}"}"#,
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success() && text.contains("Code: InvalidArgument"),
+        "{}",
+        describe(&out)
+    );
+    assert!(text.contains("both set"), "{}", describe(&out));
+}
+
 #[test]
 fn grpcurl_caller_not_allowed() {
     let files = TokenFiles::new();
