@@ -328,14 +328,16 @@ impl Broker {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn broker(yaml: &str) -> Broker {
+    /// A broker on a config that must parse (the status table's tests use it too).
+    pub(crate) fn broker(yaml: &str) -> Broker {
         Broker::new(&Config::parse(yaml, "t").unwrap())
     }
 
-    fn msg(provider: &str) -> GetTokenRequest {
+    /// A GetToken message naming only its provider.
+    pub(crate) fn msg(provider: &str) -> GetTokenRequest {
         GetTokenRequest {
             provider: provider.into(),
             ..Default::default()

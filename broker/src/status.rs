@@ -160,22 +160,10 @@ fn cut(mut text: String, max: usize) -> String {
 mod tests {
     use std::time::Duration;
 
-    use credbroker_proto::v1::GetTokenRequest;
-
     use super::*;
-    use crate::broker::{Broker, Peer};
+    use crate::broker::Peer;
+    use crate::broker::tests::{broker, msg};
     use crate::config::Config;
-
-    fn broker(yaml: &str) -> Broker {
-        Broker::new(&Config::parse(yaml, "t").unwrap())
-    }
-
-    fn msg(provider: &str) -> GetTokenRequest {
-        GetTokenRequest {
-            provider: provider.into(),
-            ..Default::default()
-        }
-    }
 
     const FILE: &str = "providers:\n  - {name: f, type: file, file: {path: \"/nonexistent/{clusterName}\"}}\n  - {name: cloud, type: aws}\n";
 
