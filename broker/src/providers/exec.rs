@@ -170,6 +170,15 @@ impl Provider for ExecProvider {
         let mut digest = sha2::Sha256::new();
         digest.update(render(&Value::Object(c.config.fields().clone()))?);
         digest.update(b"\n");
+        // A parsed number that is not an exact integer may stand for an integer past 64
+        // bits (serde_json keeps those as f64): two such clusters would render alike, so the
+        // text the plugin is shown joins the digest (its key order then counts too).
+        if c.config.fields().values().any(has_inexact_number)
+            && let Some(text) = c.config.as_json()
+        {
+            digest.update(text);
+        }
+        digest.update(b"\n");
         digest.update(connection);
         let hex: String = digest
             .finalize()
@@ -323,3 +332,14 @@ pub mod config;
 
 #[cfg(test)]
 mod tests;
+
+/// Whether a JSON value holds a number serde_json could not keep exactly (a float, or an
+/// integer outside i64/u64).
+fn has_inexact_number(value: &Value) -> bool {
+    match value {
+        Value::Number(n) => n.is_f64(),
+        Value::Array(items) => items.iter().any(has_inexact_number),
+        Value::Object(fields) => fields.values().any(has_inexact_number),
+        _ => false,
+    }
+}

@@ -550,3 +550,35 @@ mod properties {
         }
     }
 }
+
+/// serde_json keeps an integer past 64 bits as an f64, so two clusters that differ only in
+/// one would render alike: the text the plugin is shown decides their keys apart.
+#[test]
+fn integers_past_64_bits_keep_clusters_apart() {
+    let p = provider(
+        PathBuf::from("/bin/true"),
+        EXEC_API_V1,
+        Duration::from_secs(1),
+    );
+    let with = |text: &str| {
+        let mut r = req("a");
+        r.cluster.as_mut().unwrap().config = crate::request::ClusterConfig::parse(
+            text.to_owned(),
+            &crate::config::LimitsConfig::default(),
+        )
+        .unwrap();
+        p.key_for(&r).unwrap()
+    };
+    let one = with(r#"{"clusterName":"a","id":18446744073709551617}"#);
+    let two = with(r#"{"clusterName":"a","id":18446744073709551618}"#);
+    assert_ne!(one, two, "two clusters shared one key");
+    assert_eq!(
+        one,
+        with(r#"{"clusterName":"a","id":18446744073709551617}"#)
+    );
+    // Exact numbers keep the key independent of key order.
+    assert_eq!(
+        with(r#"{"clusterName":"a","port":443}"#),
+        with(r#"{"port":443,"clusterName":"a"}"#)
+    );
+}
