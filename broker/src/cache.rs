@@ -49,7 +49,7 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
 pub const BACKOFF_JITTER: f64 = 0.2;
 /// How long the cache waits for any upstream call. Defined with the config's shared values,
 /// since provider sections (an exec plugin's `timeout`) are checked against it.
-pub use crate::config::values::UPSTREAM_TIMEOUT;
+pub use crate::values::UPSTREAM_TIMEOUT;
 /// No credential is scheduled as living longer than this, whatever its expiry says (a JWT
 /// `exp` in the year 9999, a plugin's far-off `expirationTimestamp`): it is refreshed by half
 /// of it and served at most until then. A day is longer than any cloud token (Azure managed

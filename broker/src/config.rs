@@ -17,10 +17,9 @@ use crate::providers::file::config as file;
 use crate::providers::gcp::config as gcp;
 use crate::providers::kubernetes_secret::config as kubernetes_secret;
 
-pub mod values;
 mod yaml;
 
-pub use values::{ConfigDuration, ProviderKind, Selector};
+pub use crate::values::{ConfigDuration, ProviderKind, Selector};
 pub use yaml::{MAX_CONFIG_BYTES, MAX_EXPANDED_BYTES};
 
 /// Where the shim looks when neither `--socket` nor `CREDBROKER_SOCKET` is given (the design's

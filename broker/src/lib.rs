@@ -18,4 +18,5 @@ pub mod status;
 pub mod telemetry;
 pub mod text;
 pub mod token_service;
+pub mod values;
 pub mod wire;

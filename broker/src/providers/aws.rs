@@ -29,7 +29,7 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_credential_types::provider::SharedCredentialsProvider;
 use aws_credential_types::provider::error::CredentialsError;
 
-use crate::config::values::ProviderKind;
+use crate::values::ProviderKind;
 
 use self::config::{AwsStsEndpoint, Config as AwsConfig};
 use crate::request::TokenRequest;
@@ -38,9 +38,7 @@ use super::upstream::{self, CertEnv};
 use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 use creds::{Failure, HeldCredentials};
 
-/// `RoleSessionName` when neither the provider nor the cluster names one: says in
-/// CloudTrail who assumed the role.
-pub const DEFAULT_SESSION_NAME: &str = "credbroker";
+pub use self::config::DEFAULT_SESSION_NAME;
 /// EKS cluster names are at most 100 characters and local-cluster ids are UUIDs; anything
 /// this long is not a cluster.
 const MAX_CLUSTER_ID_LEN: usize = 255;

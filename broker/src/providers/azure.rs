@@ -39,7 +39,7 @@ use azure_identity::{
 };
 use tokio::sync::OnceCell;
 
-use crate::config::values::ProviderKind;
+use crate::values::ProviderKind;
 
 use self::config::{AzureCredential, Config as AzureConfig};
 use crate::request::TokenRequest;
@@ -53,9 +53,7 @@ pub mod config;
 #[cfg(test)]
 mod tests;
 
-/// The AKS AAD server application: the audience every AKS cluster with AKS-managed Entra ID
-/// integration accepts (AKS documentation; kubelogin's default `--server-id`).
-pub const AKS_SERVER_ID: &str = "6dae42f8-4368-4678-94ff-3960e28e3630";
+pub use self::config::AKS_SERVER_ID;
 /// Entra ID in the public cloud (what azure_identity uses without `AZURE_AUTHORITY_HOST`).
 pub const PUBLIC_AUTHORITY_HOST: &str = "https://login.microsoftonline.com";
 /// The Azure Instance Metadata Service token endpoint (fixed, link-local, on every Azure VM).

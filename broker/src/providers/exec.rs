@@ -11,8 +11,8 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::process::{Child, Command};
 
-use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
+use crate::values::ProviderKind;
 
 use self::config::{Config as ExecConfig, DEFAULT_EXEC_PASS_ENV};
 

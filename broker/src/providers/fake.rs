@@ -5,8 +5,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
+use crate::values::ProviderKind;
 
 use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 

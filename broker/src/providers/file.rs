@@ -2,8 +2,8 @@
 //! or a Secret mounted as a volume). The file is checked on every hit with one `stat`, so a
 //! rotated token is served as soon as it lands.
 
-use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
+use crate::values::ProviderKind;
 use std::hash::{DefaultHasher, Hash as _, Hasher as _};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
@@ -182,9 +182,9 @@ mod tests {
     use std::time::{Duration, SystemTime};
 
     use super::*;
-    use crate::config::values::ConfigDuration;
     use crate::providers::{CredentialSecret, ProviderTestExt as _};
     use crate::request::ClusterInfo;
+    use crate::values::ConfigDuration;
 
     fn provider(template: String) -> FileProvider {
         FileProvider::new(FileConfig {

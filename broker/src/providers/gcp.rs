@@ -46,7 +46,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use crate::config::values::ProviderKind;
+use crate::values::ProviderKind;
 
 use self::config::Config as GcpConfig;
 use crate::request::TokenRequest;

@@ -26,10 +26,8 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::Value;
 
-use crate::config::values::{
-    ProviderKind, TemplatePart, is_dns_subdomain, is_secret_key, template_parts,
-};
 use crate::request::TokenRequest;
+use crate::values::{ProviderKind, TemplatePart, is_dns_subdomain, is_secret_key, template_parts};
 
 use self::config::{Config as KubernetesSecretConfig, SecretFormat};
 

@@ -10,9 +10,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::config::values::ProviderKind;
 use crate::config::{ProviderConfig, ProviderSpec};
 use crate::request::TokenRequest;
+use crate::values::ProviderKind;
 
 // A type behind a Cargo feature is a whole module when the feature is on; when it is off, its
 // module holds only its `config` (serde only), so a slim build still parses and explains an

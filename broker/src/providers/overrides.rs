@@ -17,51 +17,26 @@
 //! This module works from the config alone (not the built provider), so the rule is the same
 //! for every type, compiled in or not.
 
-pub use crate::config::values::{Selector, SelectorKey};
 use crate::config::{ProviderConfig, ProviderSpec};
 use crate::request::TokenRequest;
 use crate::text::quote;
+pub use crate::values::{Selector, SelectorKey};
 
 /// The selector keys of one provider entry ([`ProviderSpec::selector_keys`]).
 pub fn selector_keys(config: &ProviderConfig) -> Vec<Selector> {
     config.spec.selector_keys()
 }
 
-/// What the provider uses for `key` when the cluster does not say: a cluster repeating it is
-/// not an override.
+/// What the provider uses for `key` when the cluster does not say (each type's config
+/// module knows its own): a cluster repeating it is not an override.
 fn provider_value<'a>(config: &'a ProviderConfig, key: &str) -> Option<&'a str> {
     match &config.spec {
-        ProviderSpec::Aws(aws) => match key {
-            "roleArn" => aws.role_arn.as_deref(),
-            "externalId" => aws.external_id.as_deref(),
-            "sessionName" => aws.session_name.as_deref().or(DEFAULT_AWS_SESSION_NAME),
-            _ => None,
-        },
-        ProviderSpec::Azure(azure) => match key {
-            "tenantId" => azure.tenant_id.as_deref(),
-            "serverId" => azure.server_id.as_deref().or(DEFAULT_AZURE_SERVER_ID),
-            _ => None,
-        },
-        ProviderSpec::KubernetesSecret(section) => match key {
-            "key" => Some(&section.key),
-            "context" => section.context.as_deref(),
-            placeholder => section
-                .template_defaults
-                .get(placeholder)
-                .map(String::as_str),
-        },
+        ProviderSpec::Aws(aws) => aws.provider_value(key),
+        ProviderSpec::Azure(azure) => azure.provider_value(key),
+        ProviderSpec::KubernetesSecret(section) => section.provider_value(key),
         ProviderSpec::Gcp(_) | ProviderSpec::Exec(_) | ProviderSpec::File(_) => None,
     }
 }
-
-#[cfg(feature = "aws")]
-const DEFAULT_AWS_SESSION_NAME: Option<&str> = Some(super::aws::DEFAULT_SESSION_NAME);
-#[cfg(not(feature = "aws"))]
-const DEFAULT_AWS_SESSION_NAME: Option<&str> = None;
-#[cfg(feature = "azure")]
-const DEFAULT_AZURE_SERVER_ID: Option<&str> = Some(super::azure::AKS_SERVER_ID);
-#[cfg(not(feature = "azure"))]
-const DEFAULT_AZURE_SERVER_ID: Option<&str> = None;
 
 /// A per-cluster key that would change who the broker is, refused.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]

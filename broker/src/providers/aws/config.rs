@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use crate::config::values::SelectorKey;
+use crate::values::SelectorKey;
 
 /// The per-cluster keys that select who the broker is (see `providers::overrides`): each
 /// of these changes the principal the token is signed as.
@@ -28,6 +28,10 @@ pub const OVERRIDE_KEYS: &[SelectorKey] = &[
 
 /// The per-cluster keys that only describe or locate the cluster: always allowed.
 pub const LOCATING_KEYS: &[&str] = &["clusterName", "clusterId", "region"];
+
+/// `RoleSessionName` when neither the provider nor the cluster names one: says in
+/// CloudTrail who assumed the role.
+pub const DEFAULT_SESSION_NAME: &str = "credbroker";
 
 /// `type: aws`: EKS tokens signed with credentials from the AWS SDK's default chain,
 /// optionally through an assumed role. Every key is a default a cluster's exec extension
@@ -66,6 +70,17 @@ const AWS_EXTERNAL_ID_LEN: std::ops::RangeInclusive<usize> = 2..=1224;
 const AWS_REGION_MAX_LEN: usize = 32;
 
 impl Config {
+    /// What the provider uses for a selector key when the cluster does not say: a cluster
+    /// repeating it is not an override.
+    pub fn provider_value(&self, key: &str) -> Option<&str> {
+        match key {
+            "roleArn" => self.role_arn.as_deref(),
+            "externalId" => self.external_id.as_deref(),
+            "sessionName" => Some(self.session_name.as_deref().unwrap_or(DEFAULT_SESSION_NAME)),
+            _ => None,
+        }
+    }
+
     /// Checks the fields; the returned path is relative to the `aws` section.
     pub(crate) fn validate(&self) -> Result<(), (String, String)> {
         let checks = [

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::config::values::SelectorKey;
+use crate::values::SelectorKey;
 
 /// The per-cluster keys that select who the broker is (see `providers::overrides`): the
 /// tenant picks the directory the identity signs into; the server id picks the
@@ -29,6 +29,10 @@ pub const OVERRIDE_KEYS: &[SelectorKey] = &[
 
 /// The per-cluster keys that only describe or locate the cluster: always allowed.
 pub const LOCATING_KEYS: &[&str] = &["clusterName"];
+
+/// The AKS AAD server application: the audience every AKS cluster with AKS-managed Entra ID
+/// integration accepts (AKS documentation; kubelogin's default `--server-id`).
+pub const AKS_SERVER_ID: &str = "6dae42f8-4368-4678-94ff-3960e28e3630";
 
 /// `type: azure`: Entra ID (AAD) tokens for AKS clusters with Entra ID integration. Every
 /// key is optional: with none, `credential: auto` on the pod's environment and the AKS AAD
@@ -96,6 +100,16 @@ impl fmt::Display for AzureCredential {
 }
 
 impl Config {
+    /// What the provider uses for a selector key when the cluster does not say: a cluster
+    /// repeating it is not an override.
+    pub fn provider_value(&self, key: &str) -> Option<&str> {
+        match key {
+            "tenantId" => self.tenant_id.as_deref(),
+            "serverId" => Some(self.server_id.as_deref().unwrap_or(AKS_SERVER_ID)),
+            _ => None,
+        }
+    }
+
     /// Checks the fields; the returned path is relative to the `azure` section.
     pub(crate) fn validate(&self) -> Result<(), (String, String)> {
         use AzureCredential as C;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::values::{ConfigDuration, UPSTREAM_TIMEOUT};
+use crate::values::{ConfigDuration, UPSTREAM_TIMEOUT};
 
 /// None: a wrapped plugin gets the cluster config as client-go would give it, and what the
 /// plugin makes of it is the plugin's policy, as it is without the broker. So no key is an

@@ -7,9 +7,9 @@ use std::time::{Duration, SystemTime};
 
 use super::config::{EXEC_API_V1, EXEC_API_V1BETA1};
 use super::*;
-use crate::config::values::ConfigDuration;
 use crate::providers::ProviderTestExt as _;
 use crate::request::ClusterInfo;
+use crate::values::ConfigDuration;
 use credbroker_execcred::parse_rfc3339;
 use serde_json::json;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::values::ConfigDuration;
+use crate::values::ConfigDuration;
 
 /// The per-cluster keys that only describe or locate the cluster: always allowed.
 pub const LOCATING_KEYS: &[&str] = &["clusterName"];

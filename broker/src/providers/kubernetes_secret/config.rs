@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::values::{
+use crate::values::{
     ConfigDuration, Selector, SelectorKey, TemplatePart, is_dns_label, is_placeholder_name,
     is_secret_key, template_parts,
 };
@@ -108,6 +108,16 @@ fn default_secret_lifetime() -> ConfigDuration {
 }
 
 impl Config {
+    /// What the provider uses for a selector key when the cluster does not say: a cluster
+    /// repeating it is not an override.
+    pub fn provider_value(&self, key: &str) -> Option<&str> {
+        match key {
+            "key" => Some(&self.key),
+            "context" => self.context.as_deref(),
+            placeholder => self.template_defaults.get(placeholder).map(String::as_str),
+        }
+    }
+
     /// The selector keys of this entry: [`OVERRIDE_KEYS`] (`context` only with
     /// `format: kubeconfig`, the only format that reads it) and the name placeholders other
     /// than `clusterName`.
