@@ -124,6 +124,9 @@ fn entry(info: EntryInfo) -> Entry {
         state: info.state.as_str().to_owned(),
         last_error: info.last_error.unwrap_or_default(),
         failures: info.failures,
+        suspected_rejections: info.rejections.count,
+        last_suspected_rejection: info.rejections.last_at.map(timestamp),
+        rejected_credential_returned: info.rejections.returned_rejected,
     }
 }
 

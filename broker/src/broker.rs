@@ -14,6 +14,7 @@ use crate::config::{Config, LimitsConfig, ProviderConfig};
 use crate::metrics::{self, Metrics};
 use crate::providers::overrides::{self, OverrideError};
 use crate::providers::{self, Provider};
+use crate::rejections::CallerId;
 use crate::request::{RequestError, TokenRequest};
 use crate::telemetry::{ProviderHealth, Telemetry};
 use crate::text::{self, quote};
@@ -243,6 +244,12 @@ impl Broker {
                 list: "socket.allowedUids/allowedGids",
             });
         }
+        let caller = msg
+            .caller
+            .as_ref()
+            .map(CallerId::from_proto)
+            .transpose()
+            .map_err(RequestError::Caller)?;
         let req = TokenRequest::from_proto(msg, &self.limits)?;
         let provider = &runtime
             .providers
@@ -274,7 +281,11 @@ impl Broker {
             })?;
         }
         let target = provider.resolve(&req).map_err(|e| failed(e.into()))?;
-        match self.cache.get(provider, &req, &target).await {
+        match self
+            .cache
+            .get_for(provider, &req, &target, caller.as_ref())
+            .await
+        {
             Ok(served) => Ok((served, req)),
             Err(e) => Err(failed(e)),
         }

@@ -26,6 +26,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::providers::{BoxFuture, Credential, Provider, ProviderError, Resolved};
+use crate::rejections::{self, CallerId, CredentialDigest, RejectionInfo, Verdict};
 use crate::request::{StoredRequest, TokenRequest};
 
 /// The design's rule: refresh at about half the lifetime, so a refresh that fails has the
@@ -178,6 +179,9 @@ pub trait CacheObserver: Send + Sync {
         result: Result<(), &CacheError>,
         background: bool,
     );
+
+    /// A caller asked again before its come-back time (see [`crate::rejections`]).
+    fn suspected_rejection(&self, _provider: &str) {}
 }
 
 /// What an operator sees of an entry: never the credential itself.
@@ -192,6 +196,7 @@ pub struct EntryInfo {
     pub state: EntryState,
     pub last_error: Option<String>,
     pub failures: u32,
+    pub rejections: RejectionInfo,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -350,6 +355,9 @@ struct State {
     clusters: Vec<String>,
     more_clusters: u32,
     hits: u64,
+    /// The callers served and the refreshes they forced; allocated at the first request
+    /// that says who is asking.
+    rejections: Option<Box<rejections::Memory>>,
 }
 
 impl State {
@@ -386,6 +394,8 @@ struct Fresh {
     serve_until: Instant,
     /// The last whole second before the credential's expiry: no come-back time is later.
     latest_come_back: SystemTime,
+    /// Computed once per fetch: callers' records compare against it.
+    digest: CredentialDigest,
 }
 
 impl Cache {
@@ -418,26 +428,71 @@ impl Cache {
         req: &TokenRequest,
         target: &Resolved,
     ) -> Result<Served, CacheError> {
+        self.get_for(provider, req, target, None).await
+    }
+
+    /// [`Cache::get`] for a caller that says who it is: the same caller asking again before
+    /// the come-back time it was given is a suspected rejection ([`crate::rejections`]),
+    /// answered with a fetch anew (bounded, single-flight with every other fetch).
+    pub async fn get_for(
+        &self,
+        provider: &Arc<dyn Provider>,
+        req: &TokenRequest,
+        target: &Resolved,
+        caller: Option<&CallerId>,
+    ) -> Result<Served, CacheError> {
         let key = CacheKey::new(&req.provider, target);
         let (slot, placed_as) = self.inner.slot_for(&key);
+        let mut forced = false;
         let (fetch, outcome, moved) = {
-            let mut st = slot.lock();
+            let mut guard = slot.lock();
+            let st = &mut *guard;
             let now = Instant::now();
             st.last_access = Some(now);
             st.note_request(req);
+            let verdict = match (caller, &st.current) {
+                (Some(caller), Some(fresh)) if now < fresh.serve_until => st
+                    .rejections
+                    .get_or_insert_default()
+                    .check(caller, now, fresh.digest),
+                _ => Verdict::Serve,
+            };
+            let may_retry = st.retry_at.is_none_or(|at| now >= at);
+            if verdict.suspected() {
+                let next = match (st.inflight.is_some(), may_retry) {
+                    (true, _) => Next::Join,
+                    (false, false) => Next::BackingOff,
+                    (false, true) => Next::Fetch,
+                };
+                self.suspected(&key, req, caller, verdict, next);
+            }
             if let Some(fresh) = &st.current {
                 if now < fresh.serve_until && provider.is_current(target, &fresh.credential) {
-                    let due = now >= fresh.refresh_at;
-                    let served = fresh.serve(now, if due { Outcome::Stale } else { Outcome::Hit });
-                    let may_retry = st.retry_at.is_none_or(|at| now >= at);
-                    st.hits += 1;
-                    if due && st.inflight.is_none() && may_retry {
-                        // Refresh ahead in the background; this caller does not wait.
-                        drop(self.start_fetch(&slot, &mut st, provider, req, target, true));
+                    // A suspected rejection joins a fetch already running (a background
+                    // refresh or another caller's re-ask), or starts one when allowed.
+                    forced = match verdict {
+                        Verdict::Refresh => st.inflight.is_some() || may_retry,
+                        Verdict::Hold { .. } => st.inflight.is_some(),
+                        Verdict::Serve | Verdict::Superseded => false,
+                    };
+                    if !forced {
+                        let due = now >= fresh.refresh_at;
+                        let served =
+                            fresh.serve(now, if due { Outcome::Stale } else { Outcome::Hit });
+                        let digest = fresh.digest;
+                        st.hits += 1;
+                        if due && st.inflight.is_none() && may_retry {
+                            // Refresh ahead in the background; this caller does not wait.
+                            drop(self.start_fetch(&slot, st, provider, req, target, true));
+                        }
+                        if let (Some(caller), Some(memory)) = (caller, &mut st.rejections) {
+                            memory.served(*caller, now, come_back_at(&served, now), digest);
+                        }
+                        return Ok(served);
                     }
-                    return Ok(served);
+                } else {
+                    st.current = None;
                 }
-                st.current = None;
             }
             let (fetch, outcome) = if let Some(inflight) = &st.inflight {
                 (inflight.clone(), Outcome::Joined)
@@ -450,14 +505,14 @@ impl Cache {
                         retry_in: at - now,
                     };
                     let moved = st.class() != placed_as;
-                    drop(st);
+                    drop(guard);
                     if moved {
                         self.inner.reclassify(&key, &slot);
                     }
                     return Err(err);
                 }
                 (
-                    self.start_fetch(&slot, &mut st, provider, req, target, false),
+                    self.start_fetch(&slot, st, provider, req, target, false),
                     Outcome::Miss,
                 )
             };
@@ -467,9 +522,74 @@ impl Cache {
             // A remembered failure fetching again, or a credential gone while fetching anew.
             self.inner.reclassify(&key, &slot);
         }
-        let mut served = fetch.await?;
-        served.outcome = outcome;
+        let result = fetch.await;
+        let Some(caller) = caller else {
+            let mut served = result?;
+            served.outcome = outcome;
+            return Ok(served);
+        };
+        let mut st = slot.lock();
+        let now = Instant::now();
+        let served = match result {
+            Ok(mut served) => {
+                served.outcome = outcome;
+                served
+            }
+            // A forced refresh that failed for a while leaves what was served before in
+            // service, as for any caller before its come-back time.
+            Err(e) if forced && e.is_transient() => match &st.current {
+                Some(fresh) if now < fresh.serve_until => fresh.serve(now, Outcome::Stale),
+                _ => return Err(e),
+            },
+            Err(e) => return Err(e),
+        };
+        let digest = CredentialDigest::of(&served.credential);
+        let come_back = come_back_at(&served, now);
+        st.rejections
+            .get_or_insert_default()
+            .served(*caller, now, come_back, digest);
         Ok(served)
+    }
+
+    /// Logs and counts a suspected rejection. Names the provider, the cluster and the
+    /// caller's pid, never the credential.
+    fn suspected(
+        &self,
+        key: &CacheKey,
+        req: &TokenRequest,
+        caller: Option<&CallerId>,
+        verdict: Verdict,
+        next: Next,
+    ) {
+        let provider = crate::text::quote(&key.provider);
+        let cluster = crate::text::quote(&req.cluster_label());
+        let caller_pid = caller.map_or(0, |c| c.pid);
+        let what = match (verdict, next) {
+            (Verdict::Serve, _) => return,
+            (Verdict::Refresh | Verdict::Hold { .. }, Next::Join) => "joining the fetch running",
+            (Verdict::Refresh, Next::Fetch) => "fetching a new credential",
+            (Verdict::Refresh, Next::BackingOff) => {
+                "the upstream is failing (backing off), serving the cached credential"
+            }
+            (Verdict::Hold { .. }, _) => {
+                "a forced refresh ran recently, serving the cached credential"
+            }
+            (Verdict::Superseded, _) => "serving the credential fetched since",
+        };
+        let next_forced_refresh_in = match verdict {
+            Verdict::Hold { next_in } => Some(next_in),
+            _ => None,
+        };
+        tracing::warn!(
+            provider,
+            cluster,
+            caller_pid,
+            ?next_forced_refresh_in,
+            "suspected rejection: the caller asked again before its come-back time; {what}"
+        );
+        if let Some(observer) = &self.inner.observer {
+            observer.suspected_rejection(&key.provider);
+        }
     }
 
     /// Starts the one upstream call for a slot. It runs in its own task, so it completes
@@ -518,7 +638,14 @@ impl Cache {
                     waited: queued.elapsed(),
                 }),
             };
-            let served = slot.complete(result);
+            let (served, returned_rejected) = slot.complete(result);
+            if returned_rejected {
+                tracing::warn!(
+                    provider = crate::text::quote(&key.provider),
+                    cluster = crate::text::quote(&req.cluster_label()),
+                    "a refresh forced by a suspected rejection got back the very credential that was rejected; serving it, and fetching again only after the back-off (rotate the source if it is stale)"
+                );
+            }
             inner.reclassify(&key, &slot);
             if let Some(observer) = &inner.observer {
                 let outcome = served.as_ref().map(|_| ());
@@ -748,6 +875,11 @@ impl State {
             state,
             last_error: self.last_error.as_ref().map(ToString::to_string),
             failures: self.failures,
+            rejections: self
+                .rejections
+                .as_ref()
+                .map(|m| m.info())
+                .unwrap_or_default(),
         }
     }
 }
@@ -759,12 +891,25 @@ impl Slot {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records the result of an upstream call and answers the callers waiting on it.
-    fn complete(&self, result: Result<Credential, CacheError>) -> Result<Served, CacheError> {
+    /// Records the result of an upstream call and answers the callers waiting on it. Also
+    /// says whether a refresh forced by a suspected rejection got the rejected credential back.
+    fn complete(
+        &self,
+        result: Result<Credential, CacheError>,
+    ) -> (Result<Served, CacheError>, bool) {
         let mut st = self.lock();
         st.inflight = None;
         let now = Instant::now();
-        match result.and_then(|credential| Fresh::new(credential, now)) {
+        let fetched = result.and_then(|credential| Fresh::new(credential, now));
+        let returned_rejected = match (&fetched, &mut st.rejections) {
+            (Ok(fresh), Some(memory)) => memory.fetched(fresh.digest) == Some(true),
+            (Err(_), Some(memory)) => {
+                memory.failed();
+                false
+            }
+            (_, None) => false,
+        };
+        let served = match fetched {
             Ok(fresh) => {
                 st.failures = 0;
                 st.retry_at = None;
@@ -787,7 +932,8 @@ impl Slot {
                 st.last_error = Some(error.clone());
                 Err(error)
             }
-        }
+        };
+        (served, returned_rejected)
     }
 }
 
@@ -810,6 +956,7 @@ impl Fresh {
         // Served only while a whole second before expiry is left to send as the come-back.
         let serve_for = serve_for.min(to_latest);
         Ok(Self {
+            digest: CredentialDigest::of(&credential),
             credential,
             refresh_at: now + refresh_after.min(serve_for),
             serve_until: now + serve_for,
@@ -833,6 +980,25 @@ impl Fresh {
             outcome,
         }
     }
+}
+
+/// What the cache does for a suspected rejection, for its log line.
+#[derive(Debug, Clone, Copy)]
+enum Next {
+    /// Joins the fetch running for the entry.
+    Join,
+    /// Starts a fetch (when the verdict allows one).
+    Fetch,
+    /// Serves what it holds: the entry is backing off after upstream failures.
+    BackingOff,
+}
+
+/// A served come-back time on the cache's clock, to compare the caller's next call with.
+fn come_back_at(served: &Served, now: Instant) -> Instant {
+    now + served
+        .come_back
+        .duration_since(SystemTime::now())
+        .unwrap_or_default()
 }
 
 /// The first whole second at or after `t` (client-go's `expirationTimestamp` has seconds).

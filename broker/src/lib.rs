@@ -11,6 +11,7 @@ pub mod conn;
 pub mod metrics;
 pub mod providers;
 pub mod ratelimit;
+pub mod rejections;
 pub mod request;
 pub mod server;
 pub mod socket;

@@ -67,6 +67,7 @@ pub struct Metrics {
     misses: Family<ProviderLabels, Counter>,
     stale_served: Family<ProviderLabels, Counter>,
     refresh_failures: Family<ProviderLabels, Counter>,
+    suspected_rejections: Family<ProviderLabels, Counter>,
     upstream_duration: Family<UpstreamLabels, Histogram, fn() -> Histogram>,
     entries: Gauge,
     rate_limited: Counter,
@@ -111,6 +112,12 @@ impl Metrics {
             "Background refreshes that failed (the cached credential stays in service)",
             refresh_failures.clone(),
         );
+        let suspected_rejections = Family::<ProviderLabels, Counter>::default();
+        registry.register(
+            "suspected_rejections",
+            "GetToken calls from a caller asking again before its come-back time, as client-go does after a 401 (the cached credential was likely rejected)",
+            suspected_rejections.clone(),
+        );
         let upstream_duration: Family<UpstreamLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(
@@ -147,6 +154,7 @@ impl Metrics {
             misses,
             stale_served,
             refresh_failures,
+            suspected_rejections,
             upstream_duration,
             entries,
             rate_limited,
@@ -174,6 +182,15 @@ impl Metrics {
             None => return,
         };
         family
+            .get_or_create(&ProviderLabels {
+                provider: provider.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A suspected rejection (see [`crate::rejections`]); `provider` is a configured name.
+    pub fn suspected_rejection(&self, provider: &str) {
+        self.suspected_rejections
             .get_or_create(&ProviderLabels {
                 provider: provider.to_owned(),
             })

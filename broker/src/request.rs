@@ -146,6 +146,9 @@ pub enum RequestError {
     /// What the gRPC decoder said, quoted.
     #[error("the request could not be decoded: {0}")]
     Undecodable(String),
+    /// The shim's `caller` is not of its fixed form.
+    #[error(transparent)]
+    Caller(#[from] crate::rejections::CallerError),
 }
 
 impl RequestError {
@@ -605,6 +608,7 @@ mod tests {
                 ..Default::default()
             }),
             interactive: false,
+            caller: None,
         };
         let req = TokenRequest::from_proto(msg, &LimitsConfig::default()).unwrap();
         assert_eq!(req.config_str("clusterName").as_deref(), Some("a"));
@@ -679,6 +683,7 @@ mod tests {
                 ..Default::default()
             }),
             interactive: false,
+            caller: None,
         }
     }
 

@@ -49,7 +49,8 @@ fn request_reason(e: &RequestError) -> &'static str {
     match e {
         RequestError::MissingProvider
         | RequestError::Undecodable(_)
-        | RequestError::BadClusterConfig(_) => reason::INVALID_REQUEST,
+        | RequestError::BadClusterConfig(_)
+        | RequestError::Caller(_) => reason::INVALID_REQUEST,
         RequestError::TooLarge { .. }
         | RequestError::TooDeep { .. }
         | RequestError::TooManyKeys { .. } => reason::REQUEST_OVER_LIMIT,
@@ -105,6 +106,7 @@ fn metadata(e: &BrokerError) -> HashMap<String, String> {
             RequestError::TooManyKeys { .. } => {
                 put("limit", "limits.maxClusterConfigKeys".into());
             }
+            RequestError::Caller(e) => put("field", e.field().to_owned()),
             RequestError::MissingProvider
             | RequestError::Undecodable(_)
             | RequestError::BadClusterConfig(_) => {}
@@ -486,6 +488,22 @@ mod table {
                 vec![],
             ),
             (
+                BrokerError::BadRequest(RequestError::Caller(
+                    crate::rejections::CallerError::Digest(3),
+                )),
+                Code::InvalidArgument,
+                reason::INVALID_REQUEST,
+                vec![("field", "caller.configDigest")],
+            ),
+            (
+                BrokerError::BadRequest(RequestError::Caller(crate::rejections::CallerError::Pid(
+                    0,
+                ))),
+                Code::InvalidArgument,
+                reason::INVALID_REQUEST,
+                vec![("field", "caller.pid")],
+            ),
+            (
                 BrokerError::BadRequest(RequestError::TooLarge {
                     what: "the provider name".into(),
                     size: 9,
@@ -626,7 +644,8 @@ mod table {
                 | RequestError::BadClusterConfig(_)
                 | RequestError::TooLarge { .. }
                 | RequestError::TooDeep { .. }
-                | RequestError::TooManyKeys { .. } => {}
+                | RequestError::TooManyKeys { .. }
+                | RequestError::Caller(_) => {}
             },
             BrokerError::Provider { source, .. } => match source {
                 CacheError::Provider(

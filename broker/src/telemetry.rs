@@ -86,6 +86,10 @@ impl CacheObserver for Telemetry {
             tracing::warn!(provider, background, ?elapsed, %error, "upstream call failed");
         }
     }
+
+    fn suspected_rejection(&self, provider: &str) {
+        self.metrics.suspected_rejection(provider);
+    }
 }
 
 #[cfg(test)]

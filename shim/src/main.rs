@@ -6,6 +6,8 @@
 //! so every failure here is exactly one line, `credbroker-shim: <what failed>: <why> (<hint>)`,
 //! with nothing on stdout. The binary is static and small: it is exec'd for every credential.
 
+mod caller;
+
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -257,6 +259,7 @@ pub async fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<
             config_json: c.config.unwrap_or_default(),
         }),
         interactive: info.interactive,
+        caller: caller::this_caller(exec_info),
     };
     let response = tokio::time::timeout(args.timeout, get_token(socket, request))
         .await

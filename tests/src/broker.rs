@@ -457,6 +457,7 @@ pub async fn get_token(
             provider: provider.to_owned(),
             cluster: Some(cluster),
             interactive: false,
+            caller: None,
         })
         .await
         .map(tonic::Response::into_inner)

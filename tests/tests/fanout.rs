@@ -84,6 +84,7 @@ async fn concurrent_distinct_misses_run_at_most_the_cap_of_plugins() {
                         provider: "onprem".to_owned(),
                         cluster: Some(cluster(i)),
                         interactive: false,
+                        caller: None,
                     })
                     .await
             })

@@ -293,6 +293,7 @@ async fn rust_client_get_token_and_status_codes() {
             provider: "static".to_owned(),
             cluster: Some(cluster_a()),
             interactive: false,
+            caller: None,
         })
         .await
         .expect("GetToken")
@@ -313,6 +314,7 @@ async fn rust_client_get_token_and_status_codes() {
             provider: "no-such-provider".to_owned(),
             cluster: Some(cluster_a()),
             interactive: false,
+            caller: None,
         })
         .await
         .expect_err("unknown provider");
@@ -324,6 +326,7 @@ async fn rust_client_get_token_and_status_codes() {
             provider: String::new(),
             cluster: Some(cluster_a()),
             interactive: false,
+            caller: None,
         })
         .await
         .expect_err("empty provider");

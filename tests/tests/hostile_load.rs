@@ -141,12 +141,14 @@ async fn legitimate_callers_are_served_through_a_hostile_flood() {
                             ("padding", "p".repeat(1 << 20)),
                         ])),
                         interactive: false,
+                        caller: None,
                     }
                 } else {
                     GetTokenRequest {
                         provider: format!("no-such-{n}-{}", "u".repeat(1000)),
                         cluster: Some(cluster(&[("clusterName", "a".to_owned())])),
                         interactive: false,
+                        caller: None,
                     }
                 };
                 calls.fetch_add(1, Ordering::Relaxed);
@@ -169,6 +171,7 @@ async fn legitimate_callers_are_served_through_a_hostile_flood() {
                     provider: "static".to_owned(),
                     cluster: Some(cluster(&[("clusterName", "a".to_owned())])),
                     interactive: false,
+                    caller: None,
                 };
                 match call(&socket, request).await {
                     Ok(token) if token == "token-a" => latencies.push(begun.elapsed()),

@@ -24,6 +24,7 @@ struct Behaviour {
     ttl: Duration,
     expires_at: Option<SystemTime>,
     failure: Option<ProviderError>,
+    fixed_token: Option<String>,
 }
 
 /// Counts a fetch out of `in_flight` however it ends (completed, or dropped on a timeout).
@@ -47,6 +48,7 @@ impl FakeProvider {
                 ttl,
                 expires_at: None,
                 failure: None,
+                fixed_token: None,
             }),
         }
     }
@@ -77,6 +79,12 @@ impl FakeProvider {
     /// Every fetch from now on fails with `error` (or succeeds again with `None`).
     pub fn fail_with(&self, error: Option<ProviderError>) {
         self.lock().failure = error;
+    }
+
+    /// Every fetch from now on returns `token` (a source not rotated), or numbered tokens
+    /// again with `None`.
+    pub fn set_fixed_token(&self, token: Option<&str>) {
+        self.lock().fixed_token = token.map(str::to_owned);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Behaviour> {
@@ -116,7 +124,9 @@ impl Provider for FakeProvider {
             }
             let identity: &String = target.target()?;
             Ok(Credential::token(
-                format!("fake-{identity}-{n}"),
+                behaviour
+                    .fixed_token
+                    .unwrap_or_else(|| format!("fake-{identity}-{n}")),
                 behaviour
                     .expires_at
                     .unwrap_or_else(|| SystemTime::now() + behaviour.ttl),

@@ -1,0 +1,463 @@
+//! The rules of suspected rejections on paused time.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::*;
+use crate::providers::Credential;
+
+fn digest(token: &str) -> CredentialDigest {
+    CredentialDigest::of(&Credential::token(token, SystemTime::now()))
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+#[tokio::test(start_paused = true)]
+async fn a_re_ask_before_the_come_back_time_is_a_suspected_rejection() {
+    let mut m = Memory::default();
+    let caller = CallerId::new(100, 7, 1);
+    let t0 = digest("t0");
+    let now = Instant::now();
+    assert_eq!(m.check(&caller, now, t0), Verdict::Serve, "a new caller");
+    m.served(caller, now, now + HOUR, t0);
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(m.check(&caller, Instant::now(), t0), Verdict::Refresh);
+    assert_eq!(m.info().count, 1);
+    assert!(m.info().last_at.is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn asking_at_or_after_the_come_back_time_is_on_time() {
+    let mut m = Memory::default();
+    let caller = CallerId::new(100, 7, 1);
+    let t0 = digest("t0");
+    let now = Instant::now();
+    m.served(caller, now, now + Duration::from_secs(60), t0);
+    tokio::time::advance(Duration::from_secs(59)).await;
+    assert_eq!(
+        m.check(&caller, Instant::now(), t0),
+        Verdict::Serve,
+        "within the slack of the come-back time"
+    );
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(m.check(&caller, Instant::now(), t0), Verdict::Serve);
+    assert_eq!(m.info().count, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn another_process_or_a_reused_pid_or_another_config_is_a_new_caller() {
+    let mut m = Memory::default();
+    let t0 = digest("t0");
+    let now = Instant::now();
+    m.served(CallerId::new(100, 7, 1), now, now + HOUR, t0);
+    for other in [
+        CallerId::new(101, 7, 1),
+        // The same pid, started at another time: a reused pid.
+        CallerId::new(100, 8, 1),
+        // The same process for another exec config or cluster.
+        CallerId::new(100, 7, 2),
+    ] {
+        assert_eq!(m.check(&other, now, t0), Verdict::Serve, "{other:?}");
+    }
+    assert_eq!(m.info().count, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_re_ask_for_a_credential_already_replaced_fetches_nothing() {
+    let mut m = Memory::default();
+    let (a, b) = (CallerId::new(100, 7, 1), CallerId::new(200, 9, 1));
+    let (t0, t1) = (digest("t0"), digest("t1"));
+    let now = Instant::now();
+    m.served(a, now, now + HOUR, t0);
+    m.served(b, now, now + HOUR, t0);
+    assert_eq!(m.check(&a, now, t0), Verdict::Refresh);
+    assert_eq!(m.fetched(t1), Some(false));
+    m.served(a, now, now + HOUR, t1);
+    // b was rejected too, and asks after the fetch: the new credential is served.
+    assert_eq!(m.check(&b, now, t1), Verdict::Superseded);
+    assert_eq!(m.info().count, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn forced_refreshes_are_bounded_and_back_off_while_rejected_again() {
+    let mut m = Memory::default();
+    let caller = CallerId::new(100, 7, 1);
+    let mut fetches = 0;
+    let mut refreshes_at = Vec::new();
+    let start = Instant::now();
+    let mut current = digest("t0");
+    m.served(caller, start, start + HOUR, current);
+    // A caller re-asking every 5 s for an hour, every credential rejected (RBAC broken).
+    for _ in 0..720 {
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let now = Instant::now();
+        match m.check(&caller, now, current) {
+            Verdict::Refresh => {
+                fetches += 1;
+                refreshes_at.push((now - start).as_secs());
+                current = digest(&format!("t{fetches}"));
+                assert_eq!(m.fetched(current), Some(false));
+            }
+            Verdict::Hold { next_in } => {
+                assert!(next_in <= MAX_FORCED_REFRESH_INTERVAL, "{next_in:?}");
+            }
+            v => panic!("unexpected {v:?}"),
+        }
+        m.served(caller, now, now + HOUR, current);
+    }
+    // 30 s apart, then 60, 120, 240, 480, then every 600 s.
+    assert_eq!(
+        refreshes_at,
+        [5, 35, 95, 215, 455, 935, 1535, 2135, 2735, 3335],
+        "{refreshes_at:?}"
+    );
+    assert_eq!(m.info().count, 720);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_same_credential_back_is_reported_and_not_fetched_in_a_loop() {
+    let mut m = Memory::default();
+    let caller = CallerId::new(100, 7, 1);
+    let t0 = digest("t0");
+    let now = Instant::now();
+    m.served(caller, now, now + HOUR, t0);
+    assert_eq!(m.check(&caller, now, t0), Verdict::Refresh);
+    assert_eq!(m.fetched(t0), Some(true), "the file was not rotated yet");
+    assert!(m.info().returned_rejected);
+    m.served(caller, now, now + HOUR, t0);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(matches!(
+        m.check(&caller, Instant::now(), t0),
+        Verdict::Hold { .. }
+    ));
+    // Rotated: a refresh (not forced) brings another credential; the flag clears.
+    assert_eq!(m.fetched(digest("t1")), None);
+    assert!(!m.info().returned_rejected);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_credential_rejected_starts_a_new_episode() {
+    let mut m = Memory::default();
+    let caller = CallerId::new(100, 7, 1);
+    let now = Instant::now();
+    // Three forced refreshes in a row, each result rejected: the wait is 120 s now.
+    let mut current = digest("t0");
+    let mut at = now;
+    for i in 1..=3 {
+        m.served(caller, at, at + HOUR, current);
+        assert_eq!(m.check(&caller, at, current), Verdict::Refresh, "{i}");
+        current = digest(&format!("t{i}"));
+        m.fetched(current);
+        at += interval(i - 1);
+    }
+    // A background refresh brings t9, which is rejected 30 s after the last forced refresh:
+    // another credential, so the base interval applies again.
+    let t9 = digest("t9");
+    assert_eq!(m.fetched(t9), None);
+    let last = at - interval(2);
+    m.served(caller, last, last + HOUR, t9);
+    tokio::time::advance(last + FORCED_REFRESH_INTERVAL - Instant::now()).await;
+    assert_eq!(m.check(&caller, Instant::now(), t9), Verdict::Refresh);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_caller_set_is_bounded_and_forgets_the_oldest_first() {
+    let mut m = Memory::default();
+    let t0 = digest("t0");
+    let now = Instant::now();
+    // One caller already past its come-back time, then more than the bound.
+    m.served(
+        CallerId::new(1, 1, 0),
+        now,
+        now + Duration::from_secs(2),
+        t0,
+    );
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let now = Instant::now();
+    let many = MAX_CALLERS_PER_ENTRY as u32 + 3;
+    for pid in 2..2 + many {
+        m.served(CallerId::new(pid, 1, 0), now, now + HOUR, t0);
+    }
+    let kept = m.callers();
+    assert_eq!(kept.len(), MAX_CALLERS_PER_ENTRY);
+    let pids: Vec<u32> = kept.iter().map(|c| c.pid).collect();
+    let want: Vec<u32> = (2 + many - MAX_CALLERS_PER_ENTRY as u32..2 + many).collect();
+    assert_eq!(pids, want, "the most recently served are kept");
+    // A forgotten caller is a new caller again; a remembered one is not.
+    assert_eq!(m.check(&CallerId::new(2, 1, 0), now, t0), Verdict::Serve);
+    assert_eq!(
+        m.check(&CallerId::new(1 + many, 1, 0), now, t0),
+        Verdict::Refresh
+    );
+    // Serving a remembered caller again moves it to the back, it is not duplicated.
+    m.served(CallerId::new(want[0], 1, 0), now, now + HOUR, t0);
+    let again = m.callers();
+    assert_eq!(again.len(), MAX_CALLERS_PER_ENTRY);
+    assert_eq!(again.last().map(|c| c.pid), Some(want[0]));
+}
+
+#[test]
+fn caller_fields_have_fixed_forms() {
+    let ok = v1::Caller {
+        pid: 4242,
+        start_time: 99,
+        config_digest: "0123456789abcdef".repeat(4),
+    };
+    let id = CallerId::from_proto(&ok).unwrap();
+    assert_eq!((id.pid, id.start_time), (4242, 99));
+    assert_eq!(
+        id.config[..8],
+        [0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef]
+    );
+    for (pid, digest, want) in [
+        (0, ok.config_digest.clone(), CallerError::Pid(0)),
+        (
+            PID_MAX_LIMIT + 1,
+            ok.config_digest.clone(),
+            CallerError::Pid(PID_MAX_LIMIT + 1),
+        ),
+        (1, "ab".into(), CallerError::Digest(2)),
+        (1, "0123456789ABCDEF".repeat(4), CallerError::Digest(64)),
+        (1, "g".repeat(64), CallerError::Digest(64)),
+        (1, "é".repeat(32), CallerError::Digest(64)),
+        (1, "0".repeat(10_000), CallerError::Digest(10_000)),
+    ] {
+        let c = v1::Caller {
+            pid,
+            start_time: 1,
+            config_digest: digest,
+        };
+        assert_eq!(CallerId::from_proto(&c), Err(want.clone()));
+        assert!(want.to_string().starts_with("caller."), "{want}");
+    }
+}
+
+#[test]
+fn a_credential_digest_shows_nothing_of_the_credential() {
+    let d = digest("super-secret-token");
+    assert_eq!(format!("{d:?}"), "CredentialDigest([redacted])");
+    assert_ne!(d, digest("other"));
+    assert_eq!(d, digest("super-secret-token"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Through the cache: the hooks in `Cache::get_for`.
+// ---------------------------------------------------------------------------------------
+
+mod through_the_cache {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::CallerId;
+    use crate::cache::{Cache, CacheKey, CacheObserver, CacheSettings, Outcome, Served};
+    use crate::providers::fake::FakeProvider;
+    use crate::providers::{CredentialSecret, Provider, ProviderError};
+    use crate::request::{ClusterInfo, TokenRequest};
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    #[derive(Default)]
+    struct Counted(AtomicUsize);
+
+    impl CacheObserver for Counted {
+        fn upstream_call(
+            &self,
+            _: &str,
+            _: Duration,
+            _: Result<(), &crate::cache::CacheError>,
+            _: bool,
+        ) {
+        }
+        fn suspected_rejection(&self, provider: &str) {
+            assert_eq!(provider, "fake");
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    struct World {
+        cache: Arc<Cache>,
+        fake: Arc<FakeProvider>,
+        provider: Arc<dyn Provider>,
+        seen: Arc<Counted>,
+    }
+
+    fn world() -> World {
+        let fake = Arc::new(FakeProvider::new(HOUR));
+        let seen = Arc::new(Counted::default());
+        let cache = Cache::new(CacheSettings {
+            max_entries: 100,
+            idle_timeout: 2 * HOUR,
+            upstream_timeout: crate::cache::UPSTREAM_TIMEOUT,
+            max_concurrent_fetches: 4,
+        })
+        .with_observer(seen.clone());
+        World {
+            cache: Arc::new(cache),
+            provider: fake.clone(),
+            fake,
+            seen,
+        }
+    }
+
+    fn req() -> TokenRequest {
+        let mut config = serde_json::Map::new();
+        config.insert("clusterName".into(), "a".into());
+        TokenRequest {
+            provider: "fake".into(),
+            cluster: Some(ClusterInfo {
+                server: "https://a".into(),
+                config,
+                ..Default::default()
+            }),
+            interactive: false,
+        }
+    }
+
+    impl World {
+        async fn ask(&self, caller: Option<CallerId>) -> Served {
+            let req = req();
+            let target = self.provider.resolve(&req).unwrap();
+            self.cache
+                .get_for(&self.provider, &req, &target, caller.as_ref())
+                .await
+                .unwrap()
+        }
+        fn rejections(&self) -> super::RejectionInfo {
+            self.cache.entries()[0].rejections
+        }
+    }
+
+    fn token(served: &Served) -> &str {
+        match &served.credential.secret {
+            CredentialSecret::Token(t) => t.expose(),
+            CredentialSecret::ClientCertificate { .. } => panic!("a token"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_re_ask_fetches_anew_and_new_processes_hit_the_cache() {
+        let w = world();
+        let kueue = CallerId::new(10, 1, 1);
+        assert_eq!(token(&w.ask(Some(kueue)).await), "fake-a-1");
+        // New processes (one-shot kubectl), and callers that do not say who they are.
+        for pid in 11..20 {
+            let served = w.ask(Some(CallerId::new(pid, 1, 1))).await;
+            assert_eq!((token(&served), served.outcome), ("fake-a-1", Outcome::Hit));
+        }
+        assert_eq!(token(&w.ask(None).await), "fake-a-1");
+        assert_eq!(token(&w.ask(None).await), "fake-a-1");
+        assert_eq!(w.fake.calls(), 1);
+        // The first caller asks again long before its come-back time: rejected.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let again = w.ask(Some(kueue)).await;
+        assert_eq!((token(&again), again.outcome), ("fake-a-2", Outcome::Miss));
+        assert_eq!(w.fake.calls(), 2);
+        assert_eq!(w.seen.0.load(Ordering::SeqCst), 1);
+        assert_eq!(w.rejections().count, 1);
+        // Asked again at once: rejected again, but a forced refresh ran less than 30 s ago.
+        let held = w.ask(Some(kueue)).await;
+        assert_eq!((token(&held), held.outcome), ("fake-a-2", Outcome::Hit));
+        assert_eq!(w.fake.calls(), 2);
+        // 30 s later the interval allows another.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(token(&w.ask(Some(kueue)).await), "fake-a-3");
+        assert_eq!(w.fake.calls(), 3);
+        // Another process that held fake-a-1 asks again: it gets the new one, no fetch.
+        let other = w.ask(Some(CallerId::new(11, 1, 1))).await;
+        assert_eq!(token(&other), "fake-a-3");
+        assert_eq!(w.fake.calls(), 3);
+        assert_eq!(w.rejections().count, 4);
+        assert_eq!(w.seen.0.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reused_pid_is_a_new_caller() {
+        let w = world();
+        w.ask(Some(CallerId::new(10, 1, 1))).await;
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let reused = w.ask(Some(CallerId::new(10, 2, 1))).await;
+        assert_eq!(reused.outcome, Outcome::Hit);
+        assert_eq!(w.fake.calls(), 1);
+        assert_eq!(w.rejections().count, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_re_asks_make_one_fetch() {
+        let w = Arc::new(world());
+        w.fake.set_delay(Duration::from_secs(2));
+        let callers: Vec<CallerId> = (10..22).map(|pid| CallerId::new(pid, 1, 1)).collect();
+        for c in &callers {
+            w.ask(Some(*c)).await;
+        }
+        assert_eq!(w.fake.calls(), 1);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // Every process got a 401 for the same token and asks again at once.
+        let asks: Vec<_> = callers
+            .iter()
+            .map(|c| {
+                let w = w.clone();
+                let c = *c;
+                tokio::spawn(async move { w.ask(Some(c)).await })
+            })
+            .collect();
+        for ask in asks {
+            let served = ask.await.unwrap();
+            assert_eq!(token(&served), "fake-a-2");
+        }
+        assert_eq!(w.fake.calls(), 2);
+        // And a re-ask joins a background refresh that is already running.
+        let w2 = world();
+        w2.fake.set_delay(Duration::from_secs(2));
+        let c = CallerId::new(10, 1, 1);
+        w2.ask(Some(c)).await;
+        let refresh = {
+            let (cache, p) = (w2.cache.clone(), w2.provider.clone());
+            tokio::spawn(async move {
+                let key = CacheKey {
+                    provider: "fake".into(),
+                    identity: "a".into(),
+                };
+                cache.refresh(&key, &p).await
+            })
+        };
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert_eq!(token(&w2.ask(Some(c)).await), "fake-a-2");
+        refresh.await.unwrap().unwrap();
+        assert_eq!(w2.fake.calls(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_rejected_credential_back_is_served_without_a_loop() {
+        let w = world();
+        w.fake.set_fixed_token(Some("same"));
+        let c = CallerId::new(10, 1, 1);
+        w.ask(Some(c)).await;
+        for _ in 0..50 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            assert_eq!(token(&w.ask(Some(c)).await), "same");
+        }
+        // One fetch at first, one forced at once, one 30 s later, none in the 60 s after.
+        assert_eq!(w.fake.calls(), 3);
+        let info = w.rejections();
+        assert!(info.returned_rejected);
+        assert_eq!(info.count, 50);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forced_refresh_that_fails_serves_what_is_held() {
+        let w = world();
+        let c = CallerId::new(10, 1, 1);
+        w.ask(Some(c)).await;
+        w.fake
+            .fail_with(Some(ProviderError::Unavailable("down".into())));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let served = w.ask(Some(c)).await;
+        assert_eq!(
+            (token(&served), served.outcome),
+            ("fake-a-1", Outcome::Stale)
+        );
+        assert_eq!(w.fake.calls(), 2);
+    }
+}

@@ -1,0 +1,199 @@
+//! Who is asking: the process that ran the shim and the exec config it ran it for, so the
+//! broker can tell client-go asking again after a 401 (the same process, the same exec
+//! config, before the come-back time it was given) from a new process asking for the first
+//! time. Best effort: when `/proc` cannot say, the request goes without it and is served as
+//! an old shim's would be.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt as _;
+
+use credbroker_proto::v1::Caller;
+use sha2::{Digest as _, Sha256};
+
+/// What the shim reads of its parent's `/proc/<pid>/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParentStat {
+    /// Field 20: the number of threads.
+    pub threads: u64,
+    /// Field 22: the start time in clock ticks since boot.
+    pub start_time: u64,
+}
+
+/// Parses a `/proc/<pid>/stat` line. The second field, the command name in parentheses, may
+/// itself hold spaces and parentheses, so the fields are counted from the text after the
+/// last `)`: field 3 (the state) is the first one there.
+pub fn parse_stat(line: &str) -> Option<ParentStat> {
+    let (_, rest) = line.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    // Field N is at index N - 3 after the command name.
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    Some(ParentStat {
+        threads: field(20)?,
+        start_time: field(22)?,
+    })
+}
+
+/// SHA-256 in lowercase hex of what keys client-go's authenticator: the arguments, then
+/// `KUBERNETES_EXEC_INFO`, then the environment sorted by name. Each piece is length-prefixed,
+/// so no two different inputs hash the same text.
+pub fn config_digest(
+    args: &[OsString],
+    exec_info: Option<&str>,
+    mut env: Vec<(OsString, OsString)>,
+) -> String {
+    env.sort();
+    let mut h = Sha256::new();
+    let mut put = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    put(b"args");
+    for a in args {
+        put(a.as_bytes());
+    }
+    put(b"exec-info");
+    put(exec_info.unwrap_or_default().as_bytes());
+    put(b"env");
+    for (k, v) in &env {
+        put(k.as_bytes());
+        put(v.as_bytes());
+    }
+    h.finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()
+}
+
+/// The caller of this run, from the parent's `/proc` entry. `None` when it cannot be read
+/// (no `/proc`, `hidepid`) or when the parent has a single thread: every Go program (client-go)
+/// runs several, while a shell or script that runs the shim by hand again and again is not
+/// client-go retrying after a 401.
+pub fn this_caller(exec_info: Option<&str>) -> Option<Caller> {
+    caller_of(std::os::unix::process::parent_id(), exec_info)
+}
+
+/// The caller of this run if process `pid` ran it.
+fn caller_of(pid: u32, exec_info: Option<&str>) -> Option<Caller> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let parent = parse_stat(&stat)?;
+    if parent.threads < 2 || pid == 0 {
+        return None;
+    }
+    let args: Vec<OsString> = std::env::args_os().collect();
+    Some(Caller {
+        pid,
+        start_time: parent.start_time,
+        config_digest: config_digest(&args, exec_info, std::env::vars_os().collect()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stat line with `comm` in its parentheses, 13 threads, start time 98765.
+    fn stat(comm: &str) -> String {
+        format!(
+            "4242 ({comm}) S 1 4242 4242 0 -1 4194560 1000 0 0 0 5 3 0 0 20 0 13 0 98765 123456789 1000 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0"
+        )
+    }
+
+    #[test]
+    fn stat_fields_are_counted_after_the_last_parenthesis() {
+        let want = ParentStat {
+            threads: 13,
+            start_time: 98765,
+        };
+        for comm in [
+            "kubectl",
+            "my prog",
+            "a) S 1 2 3 (b",
+            ")",
+            "((",
+            "x 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20",
+        ] {
+            assert_eq!(parse_stat(&stat(comm)), Some(want), "{comm:?}");
+        }
+    }
+
+    #[test]
+    fn broken_stat_lines_give_nothing() {
+        for line in [
+            "",
+            "4242 kubectl S 1",
+            "4242 (kubectl) S 1 2 3",
+            "4242 (kubectl) S 1 4242 4242 0 -1 4194560 1000 0 0 0 5 3 0 0 20 0 x 0 98765",
+            "4242 (kubectl) S 1 4242 4242 0 -1 4194560 1000 0 0 0 5 3 0 0 20 0 13 0 -5",
+        ] {
+            assert_eq!(parse_stat(line), None, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn the_digest_follows_the_exec_config_not_the_environment_order() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        let env = |e: &[(&str, &str)]| {
+            e.iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+                .collect::<Vec<_>>()
+        };
+        let base = config_digest(
+            &args(&["shim", "--provider", "p"]),
+            Some("{}"),
+            env(&[("A", "1"), ("B", "2")]),
+        );
+        assert_eq!(base.len(), 64);
+        assert!(
+            base.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        let same = config_digest(
+            &args(&["shim", "--provider", "p"]),
+            Some("{}"),
+            env(&[("B", "2"), ("A", "1")]),
+        );
+        assert_eq!(base, same, "the environment is sorted");
+        for other in [
+            config_digest(
+                &args(&["shim", "--provider", "q"]),
+                Some("{}"),
+                env(&[("A", "1"), ("B", "2")]),
+            ),
+            config_digest(
+                &args(&["shim", "--provider", "p"]),
+                Some("{\"x\":1}"),
+                env(&[("A", "1"), ("B", "2")]),
+            ),
+            config_digest(
+                &args(&["shim", "--provider", "p"]),
+                Some("{}"),
+                env(&[("A", "1"), ("B", "3")]),
+            ),
+            // Moving text between pieces changes the digest (length prefixes).
+            config_digest(
+                &args(&["shim", "--provider", "p"]),
+                Some("{}"),
+                env(&[("A", "1B"), ("", "2")]),
+            ),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
+
+    #[test]
+    fn a_multi_threaded_process_is_a_caller_with_its_start_time() {
+        // A second thread for the while, so this process looks like client-go.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || rx.recv());
+        let caller = caller_of(std::process::id(), Some("{}")).expect("a caller from /proc");
+        drop(tx);
+        let _ = other.join();
+        assert_eq!(caller.pid, std::process::id());
+        let own = std::fs::read_to_string(format!("/proc/{}/stat", caller.pid)).unwrap();
+        assert_eq!(
+            Some(caller.start_time),
+            parse_stat(&own).map(|s| s.start_time)
+        );
+        assert_eq!(caller.config_digest.len(), 64);
+    }
+}
