@@ -38,6 +38,7 @@ pub fn request(provider: &str, cluster: &str) -> GetTokenRequest {
             ..Default::default()
         }),
         interactive: false,
+        caller: None,
     }
 }
 

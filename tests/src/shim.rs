@@ -21,12 +21,24 @@ pub fn exec_info(api_version: &str, server: &str, config: Value) -> String {
     .to_string()
 }
 
+/// Set by [`shim_command`] to a number of its own for each run.
+pub const SHIM_RUN_ENV: &str = "CREDBROKER_TEST_SHIM_RUN";
+
 /// The shim command: `credbroker-shim --socket SOCKET ARGS...`, with `KUBERNETES_EXEC_INFO`
 /// set to `exec_info` (removed when `None`) and `CREDBROKER_SOCKET` removed.
+///
+/// Each run is a new caller to the broker: the test process is long-lived and multi-threaded,
+/// like client-go, so runs with the same arguments and environment would be client-go asking
+/// again after a 401 (a suspected rejection, `tests/tests/rejections.rs`); [`SHIM_RUN_ENV`]
+/// set to a number of its own changes the exec config's digest. Remove it to run the shim as
+/// the same caller again.
 pub fn shim_command(socket: &Path, args: &[&str], exec_info: Option<&str>) -> Command {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let mut cmd = Command::new(bin(SHIM));
     cmd.arg("--socket").arg(socket).args(args);
     cmd.env_remove("CREDBROKER_SOCKET");
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    cmd.env(SHIM_RUN_ENV, run.to_string());
     match exec_info {
         Some(info) => cmd.env("KUBERNETES_EXEC_INFO", info),
         None => cmd.env_remove("KUBERNETES_EXEC_INFO"),

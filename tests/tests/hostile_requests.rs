@@ -43,6 +43,7 @@ fn request(provider: &str, fields: Vec<(&str, prost_types::Value)>) -> GetTokenR
             ..Default::default()
         }),
         interactive: false,
+        caller: None,
     }
 }
 

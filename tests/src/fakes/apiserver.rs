@@ -69,6 +69,11 @@ impl FakeApiServer {
         self.accepted.lock().expect("lock").insert(token.to_owned());
     }
 
+    /// Accept none of the tokens accepted so far (they were revoked).
+    pub fn revoke_all(&self) {
+        self.accepted.lock().expect("lock").clear();
+    }
+
     /// Every request answered so far.
     pub fn requests(&self) -> Vec<SeenRequest> {
         self.server
