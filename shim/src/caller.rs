@@ -10,9 +10,13 @@ use std::os::unix::ffi::OsStrExt as _;
 use credbroker_proto::v1::Caller;
 use sha2::{Digest as _, Sha256};
 
-/// What the shim reads of its parent's `/proc/<pid>/stat`.
+/// What the shim reads of a `/proc/<pid>/stat` line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ParentStat {
+pub struct Stat {
+    /// Field 1: the process id, as the `/proc` mount's pid namespace numbers it.
+    pub pid: u32,
+    /// Field 4: the parent's process id.
+    pub ppid: u32,
     /// Field 20: the number of threads.
     pub threads: u64,
     /// Field 22: the start time in clock ticks since boot.
@@ -22,12 +26,15 @@ pub struct ParentStat {
 /// Parses a `/proc/<pid>/stat` line. The second field, the command name in parentheses, may
 /// itself hold spaces and parentheses, so the fields are counted from the text after the
 /// last `)`: field 3 (the state) is the first one there.
-pub fn parse_stat(line: &str) -> Option<ParentStat> {
-    let (_, rest) = line.rsplit_once(')')?;
+pub fn parse_stat(line: &str) -> Option<Stat> {
+    let (head, rest) = line.rsplit_once(')')?;
+    let (pid, _comm) = head.split_once(" (")?;
     let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
     // Field N is at index N - 3 after the command name.
     let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
-    Some(ParentStat {
+    Some(Stat {
+        pid: pid.parse().ok()?,
+        ppid: fields.get(4 - 3)?.parse().ok()?,
         threads: field(20)?,
         start_time: field(22)?,
     })
@@ -64,19 +71,25 @@ pub fn config_digest(
         .collect::<String>()
 }
 
-/// The caller of this run, from the parent's `/proc` entry. `None` when it cannot be read
-/// (no `/proc`, `hidepid`) or when the parent has a single thread: every Go program (client-go)
-/// runs several, while a shell or script that runs the shim by hand again and again is not
+/// The caller of this run, from `/proc/self/stat` and the parent's `/proc/<ppid>/stat`.
+/// `None` when they cannot be read (no `/proc`, `hidepid`), when `/proc` is not this process's
+/// pid namespace's (its `self` is another pid: the parent's entry there would be another
+/// process), or when the parent has a single thread: every Go program (client-go) runs
+/// several, while a shell or script that runs the shim by hand again and again is not
 /// client-go retrying after a 401.
 pub fn this_caller(exec_info: Option<&str>) -> Option<Caller> {
-    caller_of(std::os::unix::process::parent_id(), exec_info)
+    let own = parse_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
+    if own.pid != std::process::id() || own.ppid != std::os::unix::process::parent_id() {
+        return None;
+    }
+    caller_of(own.ppid, exec_info)
 }
 
 /// The caller of this run if process `pid` ran it.
 fn caller_of(pid: u32, exec_info: Option<&str>) -> Option<Caller> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let parent = parse_stat(&stat)?;
-    if parent.threads < 2 || pid == 0 {
+    if parent.pid != pid || parent.threads < 2 || pid == 0 {
         return None;
     }
     let args: Vec<OsString> = std::env::args_os().collect();
@@ -100,7 +113,9 @@ mod tests {
 
     #[test]
     fn stat_fields_are_counted_after_the_last_parenthesis() {
-        let want = ParentStat {
+        let want = Stat {
+            pid: 4242,
+            ppid: 1,
             threads: 13,
             start_time: 98765,
         };
@@ -121,6 +136,7 @@ mod tests {
         for line in [
             "",
             "4242 kubectl S 1",
+            "x (kubectl) S 1 4242 4242 0 -1 4194560 1000 0 0 0 5 3 0 0 20 0 13 0 98765",
             "4242 (kubectl) S 1 2 3",
             "4242 (kubectl) S 1 4242 4242 0 -1 4194560 1000 0 0 0 5 3 0 0 20 0 x 0 98765",
             "4242 (kubectl) S 1 4242 4242 0 -1 4194560 1000 0 0 0 5 3 0 0 20 0 13 0 -5",
@@ -195,5 +211,11 @@ mod tests {
             parse_stat(&own).map(|s| s.start_time)
         );
         assert_eq!(caller.config_digest.len(), 64);
+        // This test's own run: /proc/self agrees with the process id (the same pid namespace).
+        let own = parse_stat(&std::fs::read_to_string("/proc/self/stat").unwrap()).unwrap();
+        assert_eq!(
+            (own.pid, own.ppid),
+            (std::process::id(), std::os::unix::process::parent_id())
+        );
     }
 }
