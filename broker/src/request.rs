@@ -810,6 +810,7 @@ mod tests {
                 ..Default::default()
             }),
             interactive: false,
+            caller: None,
         }
     }
 

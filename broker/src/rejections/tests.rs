@@ -308,7 +308,7 @@ mod through_the_cache {
             provider: "fake".into(),
             cluster: Some(ClusterInfo {
                 server: "https://a".into(),
-                config,
+                config: config.into(),
                 ..Default::default()
             }),
             interactive: false,
