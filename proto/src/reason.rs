@@ -1,5 +1,6 @@
 //! The machine-readable reasons of credbroker's error statuses. Every error status the
-//! broker returns carries a `google.rpc.ErrorInfo` in its details with [`DOMAIN`] and one of
+//! broker makes (not those of the gRPC library itself: an unknown method, a malformed
+//! `grpc-timeout`) carries a `google.rpc.ErrorInfo` in its details with [`DOMAIN`] and one of
 //! these reasons (UPPER_SNAKE, stable across releases: clients match on them, never on
 //! the message). The list, with each reason's code and meaning, is also in
 //! `credbroker/v1/token.proto` and docs/contract.md.
