@@ -21,6 +21,9 @@ use tokio::time::Instant;
 use credbroker_proto::v1;
 
 use crate::providers::{Credential, CredentialSecret};
+/// The caller's wire checks live with the other request checks (`request`), which every
+/// module may import; re-exported here where the rules that use them are.
+pub use crate::request::{CallerError, PID_MAX_LIMIT};
 
 /// Callers remembered per entry; past it the one served longest ago is forgotten (it is then
 /// a new caller: served from the cache). One client-go process asks once per cluster, so an
@@ -42,31 +45,6 @@ pub const MAX_FORCED_REFRESH_INTERVAL: Duration = Duration::from_secs(10 * 60);
 /// this module measures with) may drift apart by a little between the answer and the next
 /// call.
 pub const COME_BACK_SLACK: Duration = Duration::from_secs(1);
-/// Linux's PID_MAX_LIMIT (2^22): no process id is larger.
-pub const PID_MAX_LIMIT: u32 = 1 << 22;
-
-/// Why a request's `caller` was refused. Never quotes the caller's text: the fields have a
-/// fixed form, so their size says enough.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CallerError {
-    #[error("caller.pid is {0}: a process id is between 1 and {PID_MAX_LIMIT} (PID_MAX_LIMIT)")]
-    Pid(u32),
-    #[error(
-        "caller.configDigest must be a SHA-256 as 64 lowercase hex digits; got {0} bytes of something else"
-    )]
-    Digest(usize),
-}
-
-impl CallerError {
-    /// The request field at fault, for the status's ErrorInfo.
-    pub fn field(&self) -> &'static str {
-        match self {
-            Self::Pid(_) => "caller.pid",
-            Self::Digest(_) => "caller.configDigest",
-        }
-    }
-}
-
 /// One client-go process asking for one exec config: its pid, the process's start time (a
 /// reused pid is another process) and a digest of the exec config and cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
