@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Builds the real-cluster suite's test peers from the Go module proxy, once per version, into a
+# cache that survives between runs: ${CREDBROKER_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/credbroker-e2e}.
+# A peer whose binary for that version is already there is skipped. Each build is CGO_ENABLED=0,
+# GOTOOLCHAIN=local. Writes $cache/peers.env (KEY=path lines) for the Go tests. Fails loudly if a
+# peer cannot be built. Nothing here is committed: the wrapper modules live in the cache too.
+set -euo pipefail
+
+KUBE_VERSION=v1.36.3       # k8s.io/kubernetes: kube-apiserver
+STAGING_VERSION=v0.36.3    # the published k8s.io/X modules of that release
+ETCD_VERSION=v3.6.14       # go.etcd.io/etcd/server/v3
+KUEUE_VERSIONS="v0.19.2 v0.17.0"   # accessProviders / credentialsProviders
+CIA_VERSION=v0.1.3         # sigs.k8s.io/cluster-inventory-api: ClusterProfile CRD, secretreader
+
+cache=${CREDBROKER_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/credbroker-e2e}
+export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
+die() { printf 'e2e/peers.sh: %s\n' "$*" >&2; exit 1; }
+command -v go >/dev/null || die "go is missing (the Go toolchain builds the e2e peers)"
+mkdir -p "$cache"
+build() { nice -n 10 go build -trimpath "$@"; }
+moddir() { # module@version -> its directory in the module cache
+    go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
+}
+
+# kube-apiserver and etcd: one wrapper module. k8s.io/kubernetes requires its staging modules
+# at v0.0.0 (replaced in its own go.mod, and a dependency's replaces are ignored), so the wrapper
+# replaces exactly those lines with the published $STAGING_VERSION (k8s.io/utils and other
+# pseudo-versions are real versions and stay).
+kas=$cache/kube-apiserver-$KUBE_VERSION
+etcd=$cache/etcd-$ETCD_VERSION
+if [ ! -x "$kas/kube-apiserver" ] || [ ! -x "$etcd/etcd" ]; then
+    w=$cache/wrap-kube-$KUBE_VERSION-etcd-$ETCD_VERSION
+    mkdir -p "$w" "$kas" "$etcd"
+    (
+        cd "$w"
+        [ -f go.mod ] || go mod init credbroker-e2e-kube >/dev/null 2>&1
+        gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+        [ -f "$gomod" ] || die "k8s.io/kubernetes@$KUBE_VERSION: no .mod file from the module proxy"
+        staging=$(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$gomod" | sort -u)
+        [ -n "$staging" ] || die "k8s.io/kubernetes@$KUBE_VERSION: no k8s.io/X v0.0.0 requirements found"
+        for m in $staging; do go mod edit -replace="$m=$m@$STAGING_VERSION"; done
+        go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$KUBE_VERSION" "go.etcd.io/etcd/server/v3@$ETCD_VERSION" \
+            || die "cannot resolve kube-apiserver $KUBE_VERSION and etcd $ETCD_VERSION"
+        # Kueue parses the server's /version: without these it reads v0.0.0-master+$Format:%H$ and exits.
+        v=k8s.io/component-base/version
+        minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
+        if [ ! -x "$kas/kube-apiserver" ]; then
+            build -ldflags "-s -w -X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor" \
+                -o "$kas/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver || die "kube-apiserver $KUBE_VERSION did not build"
+            mv "$kas/kube-apiserver.tmp" "$kas/kube-apiserver"
+        fi
+        if [ ! -x "$etcd/etcd" ]; then
+            build -ldflags "-s -w" -o "$etcd/etcd.tmp" go.etcd.io/etcd/server/v3 || die "etcd $ETCD_VERSION did not build"
+            mv "$etcd/etcd.tmp" "$etcd/etcd"
+        fi
+    ) || exit 1
+fi
+
+# Kueue: each version in its own module (its go.mod has no replaces, so `go install m@v` builds it
+# with exactly its own requirements; a shared module would bump its Kubernetes libraries).
+for kv in $KUEUE_VERSIONS; do
+    d=$cache/kueue-$kv
+    if [ ! -x "$d/kueue" ]; then
+        mkdir -p "$d/gobin"
+        GOBIN="$d/gobin" nice -n 10 go install -trimpath \
+            -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$kv" \
+            "sigs.k8s.io/kueue/cmd/kueue@$kv" || die "kueue $kv did not build"
+        mv "$d/gobin/kueue" "$d/kueue" && rmdir "$d/gobin"
+    fi
+done
+
+# cluster-inventory-api's secretreader exec plugin (its go.mod has no replaces either).
+cia=$cache/secretreader-$CIA_VERSION
+if [ ! -x "$cia/secretreader" ]; then
+    mkdir -p "$cia/gobin"
+    GOBIN="$cia/gobin" nice -n 10 go install -trimpath -ldflags "-s -w" \
+        "sigs.k8s.io/cluster-inventory-api/plugins/secretreader/cmd/plugin@$CIA_VERSION" \
+        || die "secretreader $CIA_VERSION did not build"
+    mv "$cia/gobin/plugin" "$cia/secretreader" && rmdir "$cia/gobin"
+fi
+
+# Manifests from the same module versions: Kueue's CRDs and webhooks, the ClusterProfile CRD.
+ciadir=$(moddir "sigs.k8s.io/cluster-inventory-api@$CIA_VERSION")
+[ -f "$ciadir/config/crd/bases/multicluster.x-k8s.io_clusterprofiles.yaml" ] || die "no ClusterProfile CRD in cluster-inventory-api $CIA_VERSION"
+{
+    echo "KUBE_VERSION=$KUBE_VERSION"
+    echo "ETCD_VERSION=$ETCD_VERSION"
+    echo "KUBE_APISERVER=$kas/kube-apiserver"
+    echo "ETCD=$etcd/etcd"
+    echo "SECRETREADER=$cia/secretreader"
+    echo "CLUSTERPROFILE_CRD_DIR=$ciadir/config/crd/bases"
+    for kv in $KUEUE_VERSIONS; do
+        kd=$(moddir "sigs.k8s.io/kueue@$kv")
+        [ -d "$kd/config/components/crd/bases" ] || die "no CRDs in kueue $kv"
+        [ -f "$kd/config/components/webhook/manifests.yaml" ] || die "no webhook manifests in kueue $kv"
+        key=KUEUE_$(echo "$kv" | tr -d v | tr . _)
+        echo "${key}=$cache/kueue-$kv/kueue"
+        echo "${key}_DIR=$kd"
+        # The ClusterProfile CRD of the cluster-inventory-api version this Kueue is built with.
+        civ=$(awk '$1 == "sigs.k8s.io/cluster-inventory-api" {print $2}' "$kd/go.mod")
+        [ -n "$civ" ] || die "kueue $kv requires no sigs.k8s.io/cluster-inventory-api"
+        cd_=$(moddir "sigs.k8s.io/cluster-inventory-api@$civ")/config/crd/bases
+        [ -f "$cd_/multicluster.x-k8s.io_clusterprofiles.yaml" ] || die "no ClusterProfile CRD in cluster-inventory-api $civ"
+        echo "${key}_CLUSTERPROFILE_CRD_DIR=$cd_"
+    done
+} > "$cache/peers.env.tmp"
+mv "$cache/peers.env.tmp" "$cache/peers.env"
+for f in "$kas/kube-apiserver" "$etcd/etcd" "$cia/secretreader" $(for kv in $KUEUE_VERSIONS; do echo "$cache/kueue-$kv/kueue"; done); do
+    [ -x "$f" ] || die "$f is missing after the build"
+done
+printf 'e2e peers in %s:\n' "$cache"; sed 's/^/  /' "$cache/peers.env"
