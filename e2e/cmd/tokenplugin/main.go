@@ -1,0 +1,69 @@
+// Command tokenplugin is the upstream of the e2e suite's `exec` provider: a kubeconfig exec
+// plugin (client.authentication.k8s.io/v1) that prints the token kept in a file for the
+// cluster named by KUBERNETES_EXEC_INFO's spec.cluster.config.clusterName and counts its runs,
+// one line per run in a log file, so the test knows how many upstream fetches happened.
+//
+// Usage: tokenplugin TOKEN_DIR RUN_LOG
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+func main() {
+	if len(os.Args) != 3 {
+		fail("usage: tokenplugin TOKEN_DIR RUN_LOG")
+	}
+	var info struct {
+		APIVersion string `json:"apiVersion"`
+		Spec       struct {
+			Cluster *struct {
+				Server string         `json:"server"`
+				Config map[string]any `json:"config"`
+			} `json:"cluster"`
+		} `json:"spec"`
+	}
+	if err := json.Unmarshal([]byte(os.Getenv("KUBERNETES_EXEC_INFO")), &info); err != nil {
+		fail("KUBERNETES_EXEC_INFO: " + err.Error())
+	}
+	if info.Spec.Cluster == nil {
+		fail("no spec.cluster (provideClusterInfo off?)")
+	}
+	name, _ := info.Spec.Cluster.Config["clusterName"].(string)
+	if name == "" || strings.ContainsAny(name, "/.") {
+		fail("no usable clusterName in spec.cluster.config")
+	}
+	tok, err := os.ReadFile(filepath.Join(os.Args[1], name))
+	if err != nil {
+		fail(err.Error())
+	}
+	f, err := os.OpenFile(os.Args[2], os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		fail(err.Error())
+	}
+	fmt.Fprintf(f, "%s %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), name, info.Spec.Cluster.Server)
+	f.Close()
+	apiVersion := info.APIVersion
+	if apiVersion == "" {
+		apiVersion = "client.authentication.k8s.io/v1"
+	}
+	out, _ := json.Marshal(map[string]any{
+		"apiVersion": apiVersion,
+		"kind":       "ExecCredential",
+		"status": map[string]any{
+			"token":               strings.TrimSpace(string(tok)),
+			"expirationTimestamp": time.Now().Add(time.Hour).UTC().Format(time.RFC3339),
+		},
+	})
+	os.Stdout.Write(append(out, '\n'))
+}
+
+func fail(msg string) {
+	fmt.Fprintln(os.Stderr, "tokenplugin: "+msg)
+	os.Exit(1)
+}

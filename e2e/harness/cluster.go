@@ -1,0 +1,167 @@
+package harness
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+
+// Cluster is one real control plane on loopback: etcd and kube-apiserver (envtest starts
+// them from the peers' binaries), its own CA and serving certificate, Kueue's CRDs (and the
+// ClusterProfile CRD on a hub), and Kueue's webhooks pointed at a loopback port where the
+// cluster's Kueue will listen.
+type Cluster struct {
+	Name       string
+	Env        *envtest.Environment
+	Config     *rest.Config // admin (system:masters client certificate)
+	Client     client.Client
+	Server     string // https://127.0.0.1:PORT
+	CAData     []byte // PEM of the API server's CA
+	Kubeconfig string // admin kubeconfig file, readable by the processes under test
+	// WebhookPort and WebhookCertDir: where this cluster's Kueue serves its webhooks.
+	WebhookPort    int
+	WebhookCertDir string
+}
+
+// ClusterOptions say what a control plane carries.
+type ClusterOptions struct {
+	Name     string
+	Peers    *Peers
+	Kueue    KueuePeer // whose CRDs and webhooks to install (and whose ClusterProfile CRD on a hub)
+	Hub      bool   // also the ClusterProfile CRD
+	// TokenAuth, when set, authenticates bearer tokens on this cluster through the test's webhook.
+	TokenAuth *TokenAuth
+	Dir       string // scratch directory (kubeconfigs, webhook config)
+}
+
+// StartCluster starts a control plane and waits until it serves.
+func StartCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	whPort, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	crds := []string{filepath.Join(o.Kueue.Dir, "config/components/crd/bases")}
+	if o.Hub {
+		crds = append(crds, o.Kueue.ClusterProfileCRDDir)
+	}
+	env := &envtest.Environment{
+		CRDDirectoryPaths:        crds,
+		ErrorIfCRDPathMissing:    true,
+		ControlPlaneStartTimeout: 3 * time.Minute, // 2 cores, several control planes
+		ControlPlaneStopTimeout:  time.Minute,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			Paths:              []string{filepath.Join(o.Kueue.Dir, "config/components/webhook/manifests.yaml")},
+			LocalServingHost:   "127.0.0.1",
+			LocalServingPort:   whPort,
+			IgnoreErrorIfPathMissing: false,
+		},
+	}
+	env.ControlPlane.Etcd = &envtest.Etcd{Path: o.Peers.Etcd}
+	api := &envtest.APIServer{Path: o.Peers.KubeAPIServer}
+	env.ControlPlane.APIServer = api
+	if o.TokenAuth != nil {
+		wh := filepath.Join(o.Dir, "token-webhook.kubeconfig")
+		if err := os.WriteFile(wh, o.TokenAuth.WebhookKubeconfig(o.Name), 0o600); err != nil {
+			return nil, err
+		}
+		api.Configure().
+			Set("authentication-token-webhook-config-file", wh).
+			Set("authentication-token-webhook-version", "v1").
+			Set("authentication-token-webhook-cache-ttl", "0s")
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("%s: control plane: %w", o.Name, err)
+	}
+	c := &Cluster{Name: o.Name, Env: env, Config: cfg, WebhookPort: whPort, WebhookCertDir: env.WebhookInstallOptions.LocalServingCertDir}
+	c.Server = api.SecureServing.URL("https", "").String()
+	c.CAData = api.SecureServing.CA
+	// The webhook certificates are read by Kueue running as 65532.
+	if err := chmodTree(c.WebhookCertDir); err != nil {
+		_ = c.Stop()
+		return nil, err
+	}
+	user, err := env.AddUser(envtest.User{Name: "e2e-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		_ = c.Stop()
+		return nil, err
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		_ = c.Stop()
+		return nil, err
+	}
+	// The context's namespace is Kueue's, as a pod's ServiceAccount namespace would be (the
+	// secretreader plugin reads its Secrets from there).
+	if parsed, err := clientcmd.Load(kc); err == nil {
+		if ctxt := parsed.Contexts[parsed.CurrentContext]; ctxt != nil {
+			ctxt.Namespace = "kueue-system"
+		}
+		if out, err := clientcmd.Write(*parsed); err == nil {
+			kc = out
+		}
+	}
+	c.Kubeconfig = filepath.Join(o.Dir, "admin.kubeconfig")
+	if err := os.WriteFile(c.Kubeconfig, kc, 0o644); err != nil {
+		_ = c.Stop()
+		return nil, err
+	}
+	c.Client, err = client.New(cfg, client.Options{})
+	if err != nil {
+		_ = c.Stop()
+		return nil, err
+	}
+	for _, ns := range []string{"kueue-system"} {
+		if err := EnsureNamespace(ctx, c.Client, ns); err != nil {
+			_ = c.Stop()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// Stop stops kube-apiserver and etcd and removes their directories.
+func (c *Cluster) Stop() error {
+	if c == nil || c.Env == nil {
+		return nil
+	}
+	return c.Env.Stop()
+}
+
+// FreePort asks the kernel for a free loopback port.
+func FreePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	_, p, _ := net.SplitHostPort(ln.Addr().String())
+	return strconv.Atoi(p)
+}
+
+func chmodTree(dir string) error {
+	return filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if info.IsDir() {
+			return os.Chmod(p, 0o755)
+		}
+		return os.Chmod(p, 0o644)
+	})
+}

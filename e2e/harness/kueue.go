@@ -1,0 +1,176 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// RenderedKueueConfig is controller_manager_config.yaml exactly as the user applies it:
+// `kubectl kustomize deploy/kueue/image-volume`, ConfigMap kueue-manager-config.
+func RenderedKueueConfig() (map[string]any, error) {
+	out, err := exec.Command("kubectl", "kustomize", filepath.Join(RepoRoot(), "deploy", "kueue", "image-volume")).Output()
+	if err != nil {
+		return nil, fmt.Errorf("kubectl kustomize deploy/kueue/image-volume: %w", err)
+	}
+	for _, doc := range bytes.Split(out, []byte("\n---\n")) {
+		var obj struct {
+			Kind     string            `json:"kind"`
+			Metadata struct{ Name string } `json:"metadata"`
+			Data     map[string]string `json:"data"`
+		}
+		if err := yaml.Unmarshal(doc, &obj); err != nil {
+			continue
+		}
+		if obj.Kind == "ConfigMap" && obj.Metadata.Name == "kueue-manager-config" {
+			cfg := map[string]any{}
+			if err := yaml.Unmarshal([]byte(obj.Data["controller_manager_config.yaml"]), &cfg); err != nil {
+				return nil, err
+			}
+			return cfg, nil
+		}
+	}
+	return nil, fmt.Errorf("no ConfigMap kueue-manager-config in the rendered deploy/kueue/image-volume")
+}
+
+// UpstreamKueueConfig is Kueue's own default configuration from its module (what a worker runs).
+func UpstreamKueueConfig(k KueuePeer) (map[string]any, error) {
+	b, err := os.ReadFile(filepath.Join(k.Dir, "config/components/manager/controller_manager_config.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	cfg := map[string]any{}
+	return cfg, yaml.Unmarshal(b, &cfg)
+}
+
+// Sub returns the map at key in m, creating it.
+func Sub(m map[string]any, key string) map[string]any {
+	if v, ok := m[key].(map[string]any); ok {
+		return v
+	}
+	v := map[string]any{}
+	m[key] = v
+	return v
+}
+
+// HostProcessOverrides are the only changes a Kueue manager needs to run as a host process
+// beside other Kueues instead of in its own pod (e2e/README.md lists why each one):
+// leader election off, loopback ports of its own, the webhook on 127.0.0.1, Kueue's internal
+// certificate management off (certificates are mounted where its Secret volumes would be), and
+// the visibility API server off (it binds :8082 on every address).
+func HostProcessOverrides(cfg map[string]any, c *Cluster, healthPort, metricsPort int) {
+	Sub(cfg, "leaderElection")["leaderElect"] = false
+	Sub(cfg, "health")["healthProbeBindAddress"] = fmt.Sprintf("127.0.0.1:%d", healthPort)
+	Sub(cfg, "metrics")["bindAddress"] = fmt.Sprintf("127.0.0.1:%d", metricsPort)
+	wh := Sub(cfg, "webhook")
+	wh["port"] = c.WebhookPort
+	wh["host"] = "127.0.0.1"
+	Sub(cfg, "internalCertManagement")["enable"] = false
+	Sub(cfg, "featureGates")["VisibilityOnDemand"] = false
+}
+
+// Kueue is one Kueue manager process.
+type Kueue struct {
+	*Container
+	HealthPort int
+	Cluster    *Cluster
+}
+
+// KueueOptions: what one Kueue manager runs with.
+type KueueOptions struct {
+	Name    string
+	Peer    KueuePeer
+	Cluster *Cluster
+	Config  map[string]any // already carrying the host-process overrides
+	Dir     string
+	// Manager-pod volumes beyond Kueue's own (hub: the shim and the broker's socket).
+	Mounts []Mount
+}
+
+// StartKueue runs Kueue's manager as its pod would: /manager --config=/controller_manager_config.yaml,
+// uid 65532, its certificates where its Secret volumes are, and waits until /readyz answers.
+func StartKueue(ctx context.Context, o KueueOptions, healthPort int) (*Kueue, error) {
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	cfgYAML, err := yaml.Marshal(o.Config)
+	if err != nil {
+		return nil, err
+	}
+	cfgFile := filepath.Join(o.Dir, "controller_manager_config.yaml")
+	if err := os.WriteFile(cfgFile, cfgYAML, 0o644); err != nil {
+		return nil, err
+	}
+	metricsCerts := filepath.Join(o.Dir, "metrics-certs")
+	mc, err := NewServingCert("kueue-metrics")
+	if err != nil {
+		return nil, err
+	}
+	if err := mc.WriteDir(metricsCerts); err != nil {
+		return nil, err
+	}
+	mounts := append([]Mount{
+		{Src: o.Peer.Binary, Dst: "/manager"},
+		{Src: cfgFile, Dst: "/controller_manager_config.yaml"},
+		{Src: o.Cluster.WebhookCertDir, Dst: "/tmp/k8s-webhook-server/serving-certs"},
+		{Src: metricsCerts, Dst: "/etc/kueue/metrics/certs"},
+		{Src: o.Cluster.Kubeconfig, Dst: "/var/run/e2e/kubeconfig"},
+	}, o.Mounts...)
+	k := &Kueue{HealthPort: healthPort, Cluster: o.Cluster, Container: &Container{
+		Name:  o.Name,
+		Argv:  []string{"/manager", "--config=/controller_manager_config.yaml", "--zap-log-level=2"},
+		Env:   []string{"KUBECONFIG=/var/run/e2e/kubeconfig", "HOME=/tmp"},
+		Mount: mounts,
+		Dir:   filepath.Join(o.Dir, "container"),
+		Log:   filepath.Join(o.Dir, "kueue.log"),
+	}}
+	if err := k.Start(); err != nil {
+		return nil, err
+	}
+	if err := k.WaitReady(ctx, 3*time.Minute); err != nil {
+		_ = k.Stop(10 * time.Second)
+		return nil, err
+	}
+	return k, nil
+}
+
+// WaitReady waits until Kueue's /readyz answers 200 (its webhooks serve by then).
+func (k *Kueue) WaitReady(ctx context.Context, timeout time.Duration) error {
+	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", k.HealthPort)
+	err := Poll(ctx, timeout, 500*time.Millisecond, func() (bool, error) {
+		if !k.Running() {
+			return false, Fatal(fmt.Errorf("kueue %s exited", k.Name))
+		}
+		resp, err := http.Get(url)
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200, fmt.Errorf("readyz %d", resp.StatusCode)
+	})
+	if err != nil {
+		return fmt.Errorf("kueue %s not ready: %w; log tail:\n%s", k.Name, err, Tail(k.LogText(), 30))
+	}
+	return nil
+}
+
+// Tail is the last n lines of s, each cut to 600 bytes.
+func Tail(s string, n int) string {
+	lines := bytes.Split([]byte(s), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	for i, l := range lines {
+		if len(l) > 600 {
+			lines[i] = append(l[:600:600], []byte("…")...)
+		}
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}

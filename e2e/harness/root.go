@@ -1,0 +1,208 @@
+package harness
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Mount is one volume of a "container": Src on the host appears at Dst inside its root.
+type Mount struct {
+	Src, Dst string
+	RW       bool
+}
+
+// Container is a process run the way a pod's container runs it: in a mount namespace of its
+// own (unshare --mount), chrooted into a root that holds only its mounts (a tmpfs with the
+// image's files and the pod's volumes bound in), as uid/gid 65532 unless Root is set. The
+// host's real paths (/plugins, /var/run/credbroker, /etc/kueue/...) are never touched: the
+// mounts live and die with the process's namespace.
+type Container struct {
+	Name  string
+	Argv  []string // inside the root
+	Env   []string
+	Mount []Mount
+	Root  bool // run as uid 0 instead of 65532
+	Dir   string
+	Log   string // host path of the combined stdout/stderr
+
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+	mu   sync.Mutex
+}
+
+const launcher = `set -e
+R="$1"; M="$2"; U="$3"; shift 3
+mount -t tmpfs -o mode=0755 tmpfs "$R"
+mkdir -p "$R/proc" "$R/dev" "$R/tmp"
+chmod 1777 "$R/tmp"
+mount --rbind /proc "$R/proc"
+mount --rbind /dev "$R/dev"
+while IFS='	' read -r src dst rw; do
+  [ -n "$src" ] || continue
+  if [ -d "$src" ]; then mkdir -p "$R$dst"; else mkdir -p "$(dirname "$R$dst")"; : > "$R$dst"; fi
+  mount --bind "$src" "$R$dst"
+  if [ "$rw" = ro ]; then mount -o remount,bind,ro "$R$dst"; fi
+done < "$M"
+exec chroot --userspec="$U" "$R" "$@"
+`
+
+// Start launches the container.
+func (c *Container) Start() error {
+	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+		return err
+	}
+	root := filepath.Join(c.Dir, "root")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for _, m := range c.Mount {
+		if _, err := os.Stat(m.Src); err != nil {
+			return fmt.Errorf("%s: volume %s: %w", c.Name, m.Dst, err)
+		}
+		mode := "ro"
+		if m.RW {
+			mode = "rw"
+		}
+		fmt.Fprintf(&b, "%s\t%s\t%s\n", m.Src, m.Dst, mode)
+	}
+	mounts := filepath.Join(c.Dir, "mounts.tsv")
+	if err := os.WriteFile(mounts, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	user := "65532:65532"
+	if c.Root {
+		user = "0:0"
+	}
+	logf, err := os.OpenFile(c.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	args := append([]string{"--mount", "--propagation", "private", "--", "/bin/sh", "-c", launcher, "launcher", root, mounts, user}, c.Argv...)
+	cmd := exec.Command("unshare", args...)
+	// The launcher needs mount and chroot; the program sees the same PATH (its root has its own /bin).
+	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, c.Env...)
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	// Its own process group, so that nothing it starts outlives it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("%s: %w", c.Name, err)
+	}
+	c.cmd = cmd
+	c.done = make(chan struct{})
+	go func() {
+		err := cmd.Wait()
+		logf.Close()
+		c.mu.Lock()
+		c.err = err
+		c.mu.Unlock()
+		close(c.done)
+	}()
+	return nil
+}
+
+// Running reports whether the process has not exited.
+func (c *Container) Running() bool {
+	if c.done == nil {
+		return false
+	}
+	select {
+	case <-c.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Exited is closed when the process exits.
+func (c *Container) Exited() <-chan struct{} { return c.done }
+
+// Stop sends SIGTERM, waits up to grace, then kills the whole process group.
+func (c *Container) Stop(grace time.Duration) error {
+	if c.cmd == nil || !c.Running() {
+		return nil
+	}
+	pgid := c.cmd.Process.Pid
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(grace):
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		<-c.done
+	}
+	// Reap anything left in the group (a shim mid-run).
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	return nil
+}
+
+// LogText is the container's log so far.
+func (c *Container) LogText() string {
+	b, _ := os.ReadFile(c.Log)
+	return string(b)
+}
+
+// LogLines returns the lines of the log containing sub.
+func (c *Container) LogLines(sub string) []string {
+	f, err := os.Open(c.Log)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), sub) {
+			out = append(out, sc.Text())
+		}
+	}
+	return out
+}
+
+// FatalError ends a Poll at once.
+type FatalError struct{ Err error }
+
+func (f *FatalError) Error() string { return f.Err.Error() }
+
+// Fatal wraps err so that Poll stops.
+func Fatal(err error) error { return &FatalError{Err: err} }
+
+// Poll calls cond every interval until it returns true, an error, or timeout passes.
+func Poll(ctx context.Context, timeout, interval time.Duration, cond func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		var fatal *FatalError
+		if errors.As(err, &fatal) {
+			return fatal.Err
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			if last != nil {
+				return fmt.Errorf("not within %s: %w", timeout, last)
+			}
+			return errors.New("not within " + timeout.String())
+		case <-time.After(interval):
+		}
+	}
+}

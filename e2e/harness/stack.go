@@ -1,0 +1,494 @@
+package harness
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Env is one fleet: a hub and its workers, each worker with its own Kueue, ClusterQueue
+// "worker-cq" and ResourceFlavor "default-flavor"; bearer tokens on the workers through Auth.
+type Env struct {
+	Peers        *Peers
+	Kueue        KueuePeer
+	Content      string // the image content (scripts/image-content.sh)
+	TokenPlugin  string
+	Auth         *TokenAuth
+	Hub          *Cluster
+	Workers      []*Cluster
+	WorkerKueues []*Kueue
+	Dir          string
+}
+
+const workerSetup = `apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: default-flavor}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: worker-cq}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [cpu, memory]
+    flavors:
+    - name: default-flavor
+      resources:
+      - {name: cpu, nominalQuota: 100}
+      - {name: memory, nominalQuota: 100Gi}
+`
+
+// StartEnv starts the hub and n workers (in parallel) and a Kueue on each worker.
+func StartEnv(ctx context.Context, dir string, peers *Peers, kueue KueuePeer, n int, content, tokenPlugin string, auth *TokenAuth, prefix string) (*Env, error) {
+	e := &Env{Peers: peers, Kueue: kueue, Content: content, TokenPlugin: tokenPlugin, Auth: auth, Dir: dir}
+	e.Workers = make([]*Cluster, n)
+	errs := make([]error, n+1)
+	var wg sync.WaitGroup
+	wg.Add(n + 1)
+	go func() {
+		defer wg.Done()
+		e.Hub, errs[n] = StartCluster(ctx, ClusterOptions{Name: prefix + "hub", Peers: peers, Kueue: kueue, Hub: true, Dir: filepath.Join(dir, prefix+"hub")})
+	}()
+	for i := 0; i < n; i++ {
+		go func(i int) {
+			defer wg.Done()
+			name := fmt.Sprintf("%sworker-%d", prefix, i+1)
+			e.Workers[i], errs[i] = StartCluster(ctx, ClusterOptions{Name: name, Peers: peers, Kueue: kueue, TokenAuth: auth, Dir: filepath.Join(dir, name)})
+		}(i)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			e.Stop()
+			return nil, err
+		}
+	}
+	for _, w := range e.Workers {
+		cfg, err := UpstreamKueueConfig(kueue)
+		if err != nil {
+			e.Stop()
+			return nil, err
+		}
+		hp, _ := FreePort()
+		mp, _ := FreePort()
+		HostProcessOverrides(cfg, w, hp, mp)
+		k, err := StartKueue(ctx, KueueOptions{Name: "kueue-" + w.Name, Peer: kueue, Cluster: w, Config: cfg, Dir: filepath.Join(dir, w.Name, "kueue")}, hp)
+		if err != nil {
+			e.Stop()
+			return nil, err
+		}
+		e.WorkerKueues = append(e.WorkerKueues, k)
+		if err := Apply(ctx, w.Client, workerSetup); err != nil {
+			e.Stop()
+			return nil, fmt.Errorf("%s: %w", w.Name, err)
+		}
+	}
+	return e, nil
+}
+
+// Stop stops every process of the fleet.
+func (e *Env) Stop() {
+	for _, k := range e.WorkerKueues {
+		_ = k.Stop(10 * time.Second)
+	}
+	for _, w := range e.Workers {
+		_ = w.Stop()
+	}
+	_ = e.Hub.Stop()
+}
+
+// Stack is what one scenario runs on the hub: credbroker (optional) and Kueue's manager,
+// sharing the socket directory as the pod's emptyDir, and the objects the scenario creates.
+type Stack struct {
+	Env       *Env
+	Broker    *Broker
+	Kueue     *Kueue
+	Dir       string
+	SocketDir string // /var/run/credbroker
+	TokenDir  string // /var/run/secrets/credbroker/clusters (the onprem file provider)
+	RunDir    string // /var/run/e2e in the broker: tokens/ for the token plugin, runs.log, hub.kubeconfig
+	KueueCfg  map[string]any
+	kueueOpts KueueOptions
+	hp        int
+	created   []*unstructured.Unstructured
+	forwards  []*Forwarder
+}
+
+// StackOptions: BrokerConfig nil runs no broker.
+type StackOptions struct {
+	BrokerConfig map[string]any
+	BrokerEnv    []string
+	KueueConfig  map[string]any // before the host-process overrides
+}
+
+// StartStack starts the broker (if any) and then Kueue's manager on the hub.
+func (e *Env) StartStack(ctx context.Context, dir string, o StackOptions) (*Stack, error) {
+	s := &Stack{Env: e, Dir: dir, SocketDir: filepath.Join(dir, "socket"), TokenDir: filepath.Join(dir, "tokens"), RunDir: filepath.Join(dir, "run")}
+	for _, d := range []string{s.SocketDir, s.TokenDir, filepath.Join(s.RunDir, "tokens")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range []string{s.SocketDir, s.RunDir} {
+		if err := os.Chown(d, 65532, 65532); err != nil {
+			return nil, err
+		}
+	}
+	kc, err := os.ReadFile(e.Hub.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(s.RunDir, "hub.kubeconfig"), kc, 0o644); err != nil {
+		return nil, err
+	}
+	if o.BrokerConfig != nil {
+		s.Broker, err = StartBroker(ctx, BrokerOptions{
+			Content: e.Content, Config: o.BrokerConfig, SocketDir: s.SocketDir, TokenDir: s.TokenDir,
+			Dir: filepath.Join(dir, "broker"), Env: o.BrokerEnv,
+			Mounts: append(e.secretreaderMount(), []Mount{
+				{Src: e.TokenPlugin, Dst: "/opt/e2e/bin/tokenplugin"},
+				{Src: s.RunDir, Dst: "/var/run/e2e", RW: true},
+			}...),
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	s.KueueCfg = o.KueueConfig
+	s.hp, _ = FreePort()
+	mp, _ := FreePort()
+	HostProcessOverrides(s.KueueCfg, e.Hub, s.hp, mp)
+	s.kueueOpts = KueueOptions{
+		Name: "kueue-hub", Peer: e.Kueue, Cluster: e.Hub, Config: s.KueueCfg, Dir: filepath.Join(dir, "kueue"),
+		Mounts: append(e.secretreaderMount(), []Mount{
+			{Src: filepath.Join(e.Content, "plugins"), Dst: "/plugins"}, // the image volume, subPath plugins
+			{Src: s.SocketDir, Dst: "/var/run/credbroker"},            // the socket emptyDir, read-only
+		}...),
+	}
+	if err := s.StartKueue(ctx); err != nil {
+		s.Stop(ctx)
+		return nil, err
+	}
+	return s, nil
+}
+
+// StartKueue (re)starts the hub's Kueue manager with the stack's configuration.
+func (s *Stack) StartKueue(ctx context.Context) error {
+	k, err := StartKueue(ctx, s.kueueOpts, s.hp)
+	if err != nil {
+		return err
+	}
+	s.Kueue = k
+	return nil
+}
+
+func (e *Env) secretreaderMount() []Mount {
+	if e.Peers.Secretreader == "" {
+		return nil
+	}
+	if _, err := os.Stat(e.Peers.Secretreader); err != nil {
+		return nil
+	}
+	return []Mount{{Src: e.Peers.Secretreader, Dst: "/opt/e2e/bin/secretreader"}}
+}
+
+// Stop deletes the scenario's hub objects (so the next scenario's Kueue does not connect
+// to them), then stops Kueue and the broker.
+func (s *Stack) Stop(ctx context.Context) {
+	for i := len(s.created) - 1; i >= 0; i-- {
+		_ = s.Env.Hub.Client.Delete(ctx, s.created[i])
+	}
+	if s.Kueue != nil {
+		_ = s.Kueue.Stop(15 * time.Second)
+	}
+	if s.Broker != nil {
+		_ = s.Broker.Stop(15 * time.Second)
+	}
+	for _, f := range s.forwards {
+		f.Close()
+	}
+}
+
+// Worker is one ClusterProfile the scenario creates: its name (also the MultiKueueCluster's),
+// the access provider name, and the address it names.
+type Worker struct {
+	Name      string
+	Provider  string
+	Cluster   *Cluster
+	Forward   *Forwarder // the address in the ClusterProfile (test-cut connections)
+	Extension map[string]any
+}
+
+// Server is the https URL the ClusterProfile names.
+func (w *Worker) Server() string { return "https://" + w.Forward.Addr }
+
+// NewWorker makes the worker entry with its own forwarder to cluster.
+func (s *Stack) NewWorker(name, provider string, c *Cluster, ext map[string]any) (*Worker, error) {
+	f, err := StartForwarder(strings.TrimPrefix(c.Server, "https://"))
+	if err != nil {
+		return nil, err
+	}
+	s.forwards = append(s.forwards, f)
+	return &Worker{Name: name, Provider: provider, Cluster: c, Forward: f, Extension: ext}, nil
+}
+
+// Setup creates, on the hub: the namespace, ClusterQueue, LocalQueue, AdmissionCheck and
+// MultiKueueConfig of the set (the shape of deploy/examples/multikueue-setup), and on each
+// worker cluster the namespace and a LocalQueue of the same name.
+func (s *Stack) Setup(ctx context.Context, set string, workers []*Worker) error {
+	var names []string
+	for _, w := range workers {
+		names = append(names, w.Name)
+	}
+	clusters, _ := json.Marshal(names)
+	hub := fmt.Sprintf(`apiVersion: v1
+kind: Namespace
+metadata: {name: %[1]s}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: MultiKueueConfig
+metadata: {name: %[1]s}
+spec:
+  clusters: %[2]s
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: AdmissionCheck
+metadata: {name: %[1]s}
+spec:
+  controllerName: kueue.x-k8s.io/multikueue
+  parameters: {apiGroup: kueue.x-k8s.io, kind: MultiKueueConfig, name: %[1]s}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: %[1]s}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [cpu, memory]
+    flavors:
+    - name: default-flavor
+      resources:
+      - {name: cpu, nominalQuota: 9}
+      - {name: memory, nominalQuota: 36Gi}
+  admissionChecksStrategy:
+    admissionChecks:
+    - name: %[1]s
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {namespace: %[1]s, name: user-queue}
+spec:
+  clusterQueue: %[1]s
+`, set, clusters)
+	if _, err := Get(ctx, s.Env.Hub.Client, "kueue.x-k8s.io/v1beta2", "ResourceFlavor", "", "default-flavor"); err != nil {
+		if err := Apply(ctx, s.Env.Hub.Client, "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: default-flavor}\n"); err != nil {
+			return err
+		}
+	}
+	if err := s.apply(ctx, s.Env.Hub.Client, hub, true); err != nil {
+		return err
+	}
+	seen := map[*Cluster]bool{}
+	for _, w := range workers {
+		if seen[w.Cluster] {
+			continue
+		}
+		seen[w.Cluster] = true
+		worker := fmt.Sprintf(`apiVersion: v1
+kind: Namespace
+metadata: {name: %[1]s}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {namespace: %[1]s, name: user-queue}
+spec:
+  clusterQueue: worker-cq
+`, set)
+		if err := s.apply(ctx, w.Cluster.Client, worker, false); err != nil {
+			return fmt.Errorf("%s: %w", w.Cluster.Name, err)
+		}
+	}
+	return nil
+}
+
+func (s *Stack) apply(ctx context.Context, c client.Client, text string, track bool) error {
+	if err := Apply(ctx, c, text); err != nil {
+		return err
+	}
+	if track {
+		for _, doc := range strings.Split(text, "\n---\n") {
+			obj := &unstructured.Unstructured{}
+			if err := yamlToObj(doc, obj); err == nil && obj.GetKind() != "Namespace" && obj.GetKind() != "LocalQueue" && obj.GetKind() != "ClusterQueue" {
+				s.created = append(s.created, obj)
+			}
+		}
+	}
+	return nil
+}
+
+// CreateProfiles creates each worker's ClusterProfile (status through the status subresource,
+// in field: accessProviders, or credentialProviders for older Kueue) and its MultiKueueCluster,
+// and returns when each was created.
+func (s *Stack) CreateProfiles(ctx context.Context, field string, workers []*Worker) (map[string]time.Time, error) {
+	created := map[string]time.Time{}
+	for _, w := range workers {
+		ext, _ := json.Marshal(w.Extension)
+		extBlock := ""
+		if w.Extension != nil {
+			extBlock = fmt.Sprintf("\n        extensions:\n        - name: client.authentication.k8s.io/exec\n          extension: %s", ext)
+		}
+		text := fmt.Sprintf(`apiVersion: multicluster.x-k8s.io/v1alpha1
+kind: ClusterProfile
+metadata: {name: %[1]s, namespace: kueue-system, labels: {x-k8s.io/cluster-manager: credbroker-e2e}}
+spec:
+  displayName: %[1]s
+  clusterManager: {name: credbroker-e2e}
+status:
+  %[2]s:
+    - name: %[3]s
+      cluster:
+        server: %[4]s
+        certificate-authority-data: %[5]s%[6]s
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: MultiKueueCluster
+metadata: {name: %[1]s}
+spec:
+  clusterSource:
+    clusterProfileRef: {name: %[1]s}
+`, w.Name, field, w.Provider, w.Server(), b64(w.Cluster.CAData), extBlock)
+		created[w.Name] = time.Now()
+		if err := s.apply(ctx, s.Env.Hub.Client, text, true); err != nil {
+			return nil, err
+		}
+	}
+	return created, nil
+}
+
+// WaitActive waits until every named MultiKueueCluster is Active=True and returns when each was seen so.
+func (s *Stack) WaitActive(ctx context.Context, timeout time.Duration, names ...string) (map[string]time.Time, error) {
+	seen := map[string]time.Time{}
+	last := map[string]string{}
+	err := Poll(ctx, timeout, 200*time.Millisecond, func() (bool, error) {
+		for _, n := range names {
+			if _, ok := seen[n]; ok {
+				continue
+			}
+			obj, err := Get(ctx, s.Env.Hub.Client, "kueue.x-k8s.io/v1beta2", "MultiKueueCluster", "", n)
+			if err != nil {
+				return false, err
+			}
+			st, reason, msg := Condition(obj, "Active")
+			if st == "True" {
+				seen[n] = time.Now()
+			} else {
+				last[n] = fmt.Sprintf("Active=%q reason=%q message=%q", st, reason, msg)
+			}
+		}
+		return len(seen) == len(names), nil
+	})
+	if err != nil {
+		var missing []string
+		for _, n := range names {
+			if _, ok := seen[n]; !ok {
+				missing = append(missing, n+": "+last[n])
+			}
+		}
+		return seen, fmt.Errorf("MultiKueueClusters not Active: %s: %w", strings.Join(missing, "; "), err)
+	}
+	return seen, nil
+}
+
+// ActiveCondition is the Active condition of a MultiKueueCluster.
+func (s *Stack) ActiveCondition(ctx context.Context, name string) (status, reason, message string) {
+	obj, err := Get(ctx, s.Env.Hub.Client, "kueue.x-k8s.io/v1beta2", "MultiKueueCluster", "", name)
+	if err != nil {
+		return "", "", err.Error()
+	}
+	return Condition(obj, "Active")
+}
+
+// SubmitJob creates a suspended batch/v1 Job in the set's LocalQueue.
+func (s *Stack) SubmitJob(ctx context.Context, set, name string) error {
+	return Apply(ctx, s.Env.Hub.Client, fmt.Sprintf(`apiVersion: batch/v1
+kind: Job
+metadata:
+  name: %[2]s
+  namespace: %[1]s
+  labels: {kueue.x-k8s.io/queue-name: user-queue}
+spec:
+  suspend: true
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: main
+        image: registry.example.com/e2e/sleep:1
+        resources: {requests: {cpu: 100m, memory: 64Mi}}
+`, set, name))
+}
+
+// Admission is what the hub's Workload of a Job says once MultiKueue placed it.
+type Admission struct {
+	Workload, ClusterName, CheckState, CheckMessage string
+	At                                              time.Time
+}
+
+// WaitAdmitted waits until the hub's Workload of the Job has status.clusterName and its
+// MultiKueue admission check Ready, and its copy exists on that worker.
+func (s *Stack) WaitAdmitted(ctx context.Context, set, job string, timeout time.Duration) (*Admission, error) {
+	var a Admission
+	var lastState string
+	err := Poll(ctx, timeout, 250*time.Millisecond, func() (bool, error) {
+		wls, err := List(ctx, s.Env.Hub.Client, "kueue.x-k8s.io/v1beta2", "Workload", set)
+		if err != nil {
+			return false, err
+		}
+		for _, wl := range wls {
+			owned := false
+			for _, o := range wl.GetOwnerReferences() {
+				if o.Kind == "Job" && o.Name == job {
+					owned = true
+				}
+			}
+			if !owned {
+				continue
+			}
+			a.Workload = wl.GetName()
+			a.ClusterName, _, _ = unstructured.NestedString(wl.Object, "status", "clusterName")
+			checks, _, _ := unstructured.NestedSlice(wl.Object, "status", "admissionChecks")
+			for _, c := range checks {
+				m, _ := c.(map[string]any)
+				if m["name"] == set {
+					a.CheckState, _ = m["state"].(string)
+					a.CheckMessage, _ = m["message"].(string)
+				}
+			}
+			adm, _, _ := Condition(&wl, "Admitted")
+			lastState = fmt.Sprintf("workload %s clusterName=%q check=%q (%s) Admitted=%q", a.Workload, a.ClusterName, a.CheckState, a.CheckMessage, adm)
+			if a.ClusterName != "" && a.CheckState == "Ready" && adm == "True" {
+				a.At = time.Now()
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("%s", lastState)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("job %s/%s not admitted on a worker: %w", set, job, err)
+	}
+	return &a, nil
+}
+
+// WorkerHasWorkload checks the worker cluster holds the Workload copy.
+func WorkerHasWorkload(ctx context.Context, c *Cluster, ns, name string) error {
+	_, err := Get(ctx, c.Client, "kueue.x-k8s.io/v1beta2", "Workload", ns, name)
+	return err
+}

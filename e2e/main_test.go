@@ -1,0 +1,178 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"credbroker.dev/e2e/harness"
+	"sigs.k8s.io/yaml"
+)
+
+// The fleet every scenario on Kueue v0.19.2 shares: a hub and two workers, started once.
+var (
+	peers   *harness.Peers
+	content string
+	plugin  string
+	auth    *harness.TokenAuth
+	fleet   *harness.Env
+	scratch string
+)
+
+const kueueMain = "v0.19.2"
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx := context.Background()
+	var err error
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "e2e setup:", err); return 1 }
+	if peers, err = harness.LoadPeers(); err != nil {
+		return fail(err)
+	}
+	if _, ok := peers.Kueue[kueueMain]; !ok {
+		return fail(fmt.Errorf("kueue %s is not among the peers", kueueMain))
+	}
+	if scratch, err = os.MkdirTemp("", "credbroker-e2e-"); err != nil {
+		return fail(err)
+	}
+	_ = os.Chmod(scratch, 0o755)
+	defer os.RemoveAll(scratch)
+	if content, err = harness.ImageContent(); err != nil {
+		return fail(err)
+	}
+	plugin = filepath.Join(scratch, "tokenplugin")
+	if err := harness.BuildGo("./cmd/tokenplugin", plugin); err != nil {
+		return fail(err)
+	}
+	if auth, err = harness.StartTokenAuth(); err != nil {
+		return fail(err)
+	}
+	defer auth.Close()
+	start := time.Now()
+	fleet, err = harness.StartEnv(ctx, filepath.Join(scratch, "fleet"), peers, peers.Kueue[kueueMain], 2, content, plugin, auth, "")
+	if err != nil {
+		return fail(err)
+	}
+	defer fleet.Stop()
+	fmt.Printf("e2e: hub and %d workers (kube-apiserver %s, etcd %s, Kueue %s on each worker) up in %.1fs\n",
+		len(fleet.Workers), peers.KubeVersion, peers.EtcdVersion, kueueMain, time.Since(start).Seconds())
+	return m.Run()
+}
+
+// kueueConfig is deploy/'s Kueue configuration, rendered, plus the access-provider entries a
+// scenario adds (the shape docs/ gives them).
+func kueueConfig(t *testing.T, extra ...map[string]any) map[string]any {
+	t.Helper()
+	cfg, err := harness.RenderedKueueConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not a host-process difference but a fleet one: MultiKueue watches, on every worker, the
+	// kind of each enabled integration that MultiKueue supports, and refuses to connect
+	// ("no matches for kind ...", MultiKueueCluster never Active) while a worker lacks one of
+	// those CRDs. These workers serve only batch/v1 Jobs.
+	harness.Sub(cfg, "integrations")["frameworks"] = []any{"batch/job"}
+	if len(extra) > 0 {
+		cp := harness.Sub(harness.Sub(cfg, "multiKueue"), "clusterProfile")
+		list, _ := cp["accessProviders"].([]any)
+		for _, e := range extra {
+			list = append(list, e)
+		}
+		cp["accessProviders"] = list
+	}
+	return cfg
+}
+
+// shimEntry is an accessProviders entry running the shim for a broker provider, as docs/ write it.
+func shimEntry(name, provider string) map[string]any {
+	return execEntry(name, "/plugins/bin/credbroker-shim", "--provider", provider)
+}
+
+func execEntry(name, command string, args ...string) map[string]any {
+	a := []any{}
+	for _, s := range args {
+		a = append(a, s)
+	}
+	return map[string]any{"name": name, "execConfig": map[string]any{
+		"apiVersion": "client.authentication.k8s.io/v1", "command": command, "args": a,
+		"provideClusterInfo": true, "interactiveMode": "Never",
+	}}
+}
+
+// brokerConfig is deploy/'s broker config (the metrics component's), with providers replaced
+// (by name) or added.
+func brokerConfig(t *testing.T, providers ...string) map[string]any {
+	t.Helper()
+	cfg, err := harness.DeployBrokerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, _ := cfg["providers"].([]any)
+	for _, text := range providers {
+		p := map[string]any{}
+		if err := yaml.Unmarshal([]byte(text), &p); err != nil {
+			t.Fatalf("provider %q: %v", text, err)
+		}
+		replaced := false
+		for i, old := range list {
+			if m, _ := old.(map[string]any); m["name"] == p["name"] {
+				list[i] = p
+				replaced = true
+			}
+		}
+		if !replaced {
+			list = append(list, p)
+		}
+	}
+	cfg["providers"] = list
+	return cfg
+}
+
+func startStack(t *testing.T, env *harness.Env, o harness.StackOptions) *harness.Stack {
+	t.Helper()
+	ctx := context.Background()
+	dir := filepath.Join(scratch, strings.ReplaceAll(t.Name(), "/", "_"))
+	s, err := env.StartStack(ctx, dir, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			if s.Broker != nil {
+				t.Logf("broker log tail:\n%s", harness.Tail(s.Broker.LogText(), 40))
+			}
+			if s.Kueue != nil {
+				t.Logf("hub kueue log tail:\n%s", harness.Tail(s.Kueue.LogText(), 25))
+			}
+		}
+		s.Stop(ctx)
+	})
+	return s
+}
+
+func writeFile(t *testing.T, path, text string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// noTokenIn fails if any issued token appears in text.
+func noTokenIn(t *testing.T, what, text string, tokens ...string) {
+	t.Helper()
+	for _, tok := range tokens {
+		if tok != "" && strings.Contains(text, tok) {
+			t.Errorf("%s contains a token", what)
+		}
+	}
+}
