@@ -69,14 +69,22 @@ for kv in $KUEUE_VERSIONS; do
     fi
 done
 
-# cluster-inventory-api's secretreader exec plugin (its go.mod has no replaces either).
+# cluster-inventory-api's secretreader exec plugin. Its go.mod has no replaces, but
+# `go install m@v` also asks the proxy for the module's version list (deprecations), which this
+# proxy refuses for cluster-inventory-api (403); a wrapper module requiring exactly
+# $CIA_VERSION builds the same package with the same requirements.
 cia=$cache/secretreader-$CIA_VERSION
 if [ ! -x "$cia/secretreader" ]; then
-    mkdir -p "$cia/gobin"
-    GOBIN="$cia/gobin" nice -n 10 go install -trimpath -ldflags "-s -w" \
-        "sigs.k8s.io/cluster-inventory-api/plugins/secretreader/cmd/plugin@$CIA_VERSION" \
-        || die "secretreader $CIA_VERSION did not build"
-    mv "$cia/gobin/plugin" "$cia/secretreader" && rmdir "$cia/gobin"
+    w=$cache/wrap-secretreader-$CIA_VERSION
+    mkdir -p "$w" "$cia"
+    (
+        cd "$w"
+        [ -f go.mod ] || go mod init credbroker-e2e-secretreader >/dev/null 2>&1
+        go mod edit -require="sigs.k8s.io/cluster-inventory-api@$CIA_VERSION"
+        build -ldflags "-s -w" -o "$cia/secretreader.tmp" sigs.k8s.io/cluster-inventory-api/plugins/secretreader/cmd/plugin \
+            || die "secretreader $CIA_VERSION did not build"
+        mv "$cia/secretreader.tmp" "$cia/secretreader"
+    ) || exit 1
 fi
 
 # Manifests from the same module versions: Kueue's CRDs and webhooks, the ClusterProfile CRD.

@@ -37,10 +37,10 @@ type Cluster struct {
 
 // ClusterOptions say what a control plane carries.
 type ClusterOptions struct {
-	Name     string
-	Peers    *Peers
-	Kueue    KueuePeer // whose CRDs and webhooks to install (and whose ClusterProfile CRD on a hub)
-	Hub      bool   // also the ClusterProfile CRD
+	Name  string
+	Peers *Peers
+	Kueue KueuePeer // whose CRDs and webhooks to install (and whose ClusterProfile CRD on a hub)
+	Hub   bool      // also the ClusterProfile CRD
 	// TokenAuth, when set, authenticates bearer tokens on this cluster through the test's webhook.
 	TokenAuth *TokenAuth
 	Dir       string // scratch directory (kubeconfigs, webhook config)
@@ -65,9 +65,9 @@ func StartCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 		ControlPlaneStartTimeout: 3 * time.Minute, // 2 cores, several control planes
 		ControlPlaneStopTimeout:  time.Minute,
 		WebhookInstallOptions: envtest.WebhookInstallOptions{
-			Paths:              []string{filepath.Join(o.Kueue.Dir, "config/components/webhook/manifests.yaml")},
-			LocalServingHost:   "127.0.0.1",
-			LocalServingPort:   whPort,
+			Paths:                    []string{filepath.Join(o.Kueue.Dir, "config/components/webhook/manifests.yaml")},
+			LocalServingHost:         "127.0.0.1",
+			LocalServingPort:         whPort,
 			IgnoreErrorIfPathMissing: false,
 		},
 	}

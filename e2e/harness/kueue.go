@@ -22,9 +22,9 @@ func RenderedKueueConfig() (map[string]any, error) {
 	}
 	for _, doc := range bytes.Split(out, []byte("\n---\n")) {
 		var obj struct {
-			Kind     string            `json:"kind"`
+			Kind     string                `json:"kind"`
 			Metadata struct{ Name string } `json:"metadata"`
-			Data     map[string]string `json:"data"`
+			Data     map[string]string     `json:"data"`
 		}
 		if err := yaml.Unmarshal(doc, &obj); err != nil {
 			continue

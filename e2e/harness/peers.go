@@ -63,7 +63,7 @@ func LoadPeers() (*Peers, error) {
 			p.Kueue[ver] = KueuePeer{Version: ver, Binary: v, Dir: kv[k+"_DIR"], ClusterProfileCRDDir: kv[k+"_CLUSTERPROFILE_CRD_DIR"]}
 		}
 	}
-	for _, f := range []string{p.KubeAPIServer, p.Etcd} {
+	for _, f := range []string{p.KubeAPIServer, p.Etcd, p.Secretreader} {
 		if st, err := os.Stat(f); err != nil || st.Mode()&0o111 == 0 {
 			return nil, fmt.Errorf("peer %q is missing (run e2e/peers.sh)", f)
 		}

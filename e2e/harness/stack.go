@@ -170,7 +170,7 @@ func (e *Env) StartStack(ctx context.Context, dir string, o StackOptions) (*Stac
 		Name: "kueue-hub", Peer: e.Kueue, Cluster: e.Hub, Config: s.KueueCfg, Dir: filepath.Join(dir, "kueue"),
 		Mounts: append(e.secretreaderMount(), []Mount{
 			{Src: filepath.Join(e.Content, "plugins"), Dst: "/plugins"}, // the image volume, subPath plugins
-			{Src: s.SocketDir, Dst: "/var/run/credbroker"},            // the socket emptyDir, read-only
+			{Src: s.SocketDir, Dst: "/var/run/credbroker"},              // the socket emptyDir, read-only
 		}...),
 	}
 	if err := s.StartKueue(ctx); err != nil {
