@@ -40,10 +40,19 @@ pub fn parse_stat(line: &str) -> Option<Stat> {
     })
 }
 
-/// SHA-256 in lowercase hex of what keys client-go's authenticator: the arguments, then
+/// SHA-256 in lowercase hex of the program that ran the shim and what keys client-go's
+/// authenticator: the parent's executable (`/proc/<ppid>/exe`), the arguments, then
 /// `KUBERNETES_EXEC_INFO`, then the environment sorted by name. Each piece is length-prefixed,
 /// so no two different inputs hash the same text.
+///
+/// The executable is there because `execve` keeps the pid and the start time: Google Cloud
+/// SDK's `kubectl` is a dispatcher that asks the server's version (running the plugin once)
+/// and then execs the matching `kubectl.1.NN` in the same process, which runs the plugin
+/// again with the same environment. Without it that second run is the same caller asking
+/// again before its come-back time, a re-ask the broker must check; with it, a new caller.
+/// client-go asking again after a 401 is the same program, so its re-asks keep their digest.
 pub fn config_digest(
+    exe: &[u8],
     args: &[OsString],
     exec_info: Option<&str>,
     mut env: Vec<(OsString, OsString)>,
@@ -54,6 +63,8 @@ pub fn config_digest(
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(bytes);
     };
+    put(b"exe");
+    put(exe);
     put(b"args");
     for a in args {
         put(a.as_bytes());
@@ -93,10 +104,17 @@ fn caller_of(pid: u32, exec_info: Option<&str>) -> Option<Caller> {
         return None;
     }
     let args: Vec<OsString> = std::env::args_os().collect();
+    // Unreadable (another uid without ptrace access): the digest still covers the rest.
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
     Some(Caller {
         pid,
         start_time: parent.start_time,
-        config_digest: config_digest(&args, exec_info, std::env::vars_os().collect()),
+        config_digest: config_digest(
+            exe.as_os_str().as_bytes(),
+            &args,
+            exec_info,
+            std::env::vars_os().collect(),
+        ),
     })
 }
 
@@ -154,6 +172,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         let base = config_digest(
+            b"/usr/bin/kubectl",
             &args(&["shim", "--provider", "p"]),
             Some("{}"),
             env(&[("A", "1"), ("B", "2")]),
@@ -164,6 +183,7 @@ mod tests {
                 .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
         );
         let same = config_digest(
+            b"/usr/bin/kubectl",
             &args(&["shim", "--provider", "p"]),
             Some("{}"),
             env(&[("B", "2"), ("A", "1")]),
@@ -171,22 +191,33 @@ mod tests {
         assert_eq!(base, same, "the environment is sorted");
         for other in [
             config_digest(
+                b"/usr/bin/kubectl",
                 &args(&["shim", "--provider", "q"]),
                 Some("{}"),
                 env(&[("A", "1"), ("B", "2")]),
             ),
             config_digest(
+                b"/usr/bin/kubectl",
                 &args(&["shim", "--provider", "p"]),
                 Some("{\"x\":1}"),
                 env(&[("A", "1"), ("B", "2")]),
             ),
             config_digest(
+                b"/usr/bin/kubectl",
                 &args(&["shim", "--provider", "p"]),
                 Some("{}"),
                 env(&[("A", "1"), ("B", "3")]),
             ),
+            // Another program in the same process (`execve` keeps pid and start time).
+            config_digest(
+                b"/usr/bin/kubectl.1.31",
+                &args(&["shim", "--provider", "p"]),
+                Some("{}"),
+                env(&[("A", "1"), ("B", "2")]),
+            ),
             // Moving text between pieces changes the digest (length prefixes).
             config_digest(
+                b"/usr/bin/kubectl",
                 &args(&["shim", "--provider", "p"]),
                 Some("{}"),
                 env(&[("A", "1B"), ("", "2")]),
