@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,4 +93,198 @@ func TestDispatchFile(t *testing.T) {
 	}
 	noTokenIn(t, "the broker log", s.Broker.LogText(), tokens...)
 	_ = ctx
+}
+
+// execProvider is README's `onprem` exec provider, wrapping the suite's token plugin (the
+// upstream: it prints the token kept for the cluster and logs each run).
+const execProvider = `
+name: onprem
+type: exec
+exec:
+  command: /opt/e2e/bin/tokenplugin
+  args: [/var/run/e2e/tokens, /var/run/e2e/runs.log]
+  timeout: 30s
+`
+
+// pluginRuns counts the token plugin's runs (upstream fetches of the exec provider).
+func pluginRuns(s *harness.Stack) int {
+	b, _ := os.ReadFile(filepath.Join(s.RunDir, "runs.log"))
+	return strings.Count(string(b), "\n")
+}
+
+// execWorkers issues a token per worker cluster, hands it to the token plugin and makes the
+// ClusterProfile entries (access provider onprem, extension {clusterName: NAME}).
+func execWorkers(t *testing.T, s *harness.Stack, prefix string, clusters []*harness.Cluster) ([]*harness.Worker, []string) {
+	t.Helper()
+	var workers []*harness.Worker
+	var tokens []string
+	for i, c := range clusters {
+		name := fmt.Sprintf("%s-%d", prefix, i+1)
+		tok := auth.Issue(c.Name)
+		tokens = append(tokens, tok)
+		writeFile(t, filepath.Join(s.RunDir, "tokens", name), tok+"\n")
+		w, err := s.NewWorker(name, "onprem", c, map[string]any{"clusterName": name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		workers = append(workers, w)
+	}
+	return workers, tokens
+}
+
+// TestDispatchExec: the onprem access provider of deploy/'s Kueue config, served by README's
+// exec provider type.
+func TestDispatchExec(t *testing.T) {
+	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, execProvider), KueueConfig: kueueConfig(t)})
+	workers, tokens := execWorkers(t, s, "exec", fleet.Workers)
+	dispatch(t, s, "exec", "accessProviders", workers)
+	c, err := s.Broker.CountsFor("onprem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := pluginRuns(s)
+	t.Logf("broker onprem (exec): %v GetToken calls (%v OK), %v upstream fetches, %d plugin runs, %v suspected rejections", c.Requests, c.OK, c.Fetches, runs, c.Suspected)
+	if runs != len(workers) {
+		t.Errorf("plugin runs = %d, want %d (one per cluster)", runs, len(workers))
+	}
+	noTokenIn(t, "the broker log", s.Broker.LogText(), tokens...)
+}
+
+// secretsProvider is docs/providers/kubernetes-secret.md's secretreader-compatible provider.
+const secretsProvider = `
+name: secretreader
+type: kubernetesSecret
+kubernetesSecret: {namespace: kueue-system}
+`
+
+func createTokenSecret(t *testing.T, name, token string) {
+	t.Helper()
+	err := harness.Apply(context.Background(), fleet.Hub.Client, fmt.Sprintf(`apiVersion: v1
+kind: Secret
+metadata: {name: %s, namespace: kueue-system}
+stringData: {token: %q}
+`, name, token))
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDispatchKubernetesSecret: the kubernetesSecret provider watching Secrets on the real hub
+// API server (KUBECONFIG, as docs/providers/kubernetes-secret.md says for outside a pod).
+func TestDispatchKubernetesSecret(t *testing.T) {
+	s := startStack(t, fleet, harness.StackOptions{
+		BrokerConfig: brokerConfig(t, secretsProvider),
+		BrokerEnv:    []string{"KUBECONFIG=/var/run/e2e/hub.kubeconfig"},
+		KueueConfig:  kueueConfig(t, shimEntry("secretreader", "secretreader")),
+	})
+	var workers []*harness.Worker
+	var tokens []string
+	for i, c := range fleet.Workers {
+		name := fmt.Sprintf("ksecret-%d", i+1)
+		tok := auth.Issue(c.Name)
+		tokens = append(tokens, tok)
+		createTokenSecret(t, name, tok)
+		w, err := s.NewWorker(name, "secretreader", c, map[string]any{"clusterName": name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		workers = append(workers, w)
+	}
+	dispatch(t, s, "ksecret", "accessProviders", workers)
+	c, err := s.Broker.CountsFor("secretreader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("broker secretreader (kubernetesSecret): %v GetToken calls (%v OK), %v upstream fetches, %v suspected rejections", c.Requests, c.OK, c.Fetches, c.Suspected)
+	if c.OK < float64(len(workers)) {
+		t.Errorf("OK calls = %v, want at least %d", c.OK, len(workers))
+	}
+	noTokenIn(t, "the broker log", s.Broker.LogText(), tokens...)
+}
+
+// TestSecretreaderDirectAndWrapped: cluster-inventory-api's own secretreader plugin run by
+// Kueue directly, and the same plugin wrapped by credbroker's exec provider, side by side.
+func TestSecretreaderDirectAndWrapped(t *testing.T) {
+	wrapped := `
+name: wrapped-secretreader
+type: exec
+exec:
+  command: /opt/e2e/bin/secretreader
+  passEnv: [KUBECONFIG]
+  timeout: 30s
+`
+	s := startStack(t, fleet, harness.StackOptions{
+		BrokerConfig: brokerConfig(t, wrapped),
+		BrokerEnv:    []string{"KUBECONFIG=/var/run/e2e/hub.kubeconfig"},
+		KueueConfig: kueueConfig(t,
+			execEntry("cia-secretreader", "/opt/e2e/bin/secretreader"),
+			shimEntry("wrapped-secretreader", "wrapped-secretreader")),
+	})
+	times := map[string]map[string]float64{}
+	for _, v := range []struct{ set, provider string }{{"srdirect", "cia-secretreader"}, {"srwrapped", "wrapped-secretreader"}} {
+		var workers []*harness.Worker
+		for i, c := range fleet.Workers {
+			name := fmt.Sprintf("%s-%d", v.set, i+1)
+			createTokenSecret(t, name, auth.Issue(c.Name))
+			w, err := s.NewWorker(name, v.provider, c, map[string]any{"clusterName": name})
+			if err != nil {
+				t.Fatal(err)
+			}
+			workers = append(workers, w)
+		}
+		times[v.set] = dispatch(t, s, v.set, "accessProviders", workers)
+	}
+	for i := range fleet.Workers {
+		d := times["srdirect"][fmt.Sprintf("srdirect-%d", i+1)]
+		w := times["srwrapped"][fmt.Sprintf("srwrapped-%d", i+1)]
+		t.Logf("worker-%d: ClusterProfile created -> Active: secretreader %.2fs | secretreader wrapped by credbroker exec %.2fs", i+1, d, w)
+	}
+	c, _ := s.Broker.CountsFor("wrapped-secretreader")
+	t.Logf("broker wrapped-secretreader: %v GetToken calls, %v upstream fetches (secretreader runs), %v suspected rejections", c.Requests, c.Fetches, c.Suspected)
+}
+
+// TestSharedIdentityFanOut: twelve ClusterProfiles (twelve distinct server addresses, six
+// relayed to each worker API server) whose extensions name two identities: clusterName
+// shared-worker-1 and shared-worker-2. Upstream fetches must equal the identities.
+func TestSharedIdentityFanOut(t *testing.T) {
+	const perWorker = 6
+	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t), KueueConfig: kueueConfig(t)})
+	var workers []*harness.Worker
+	var names []string
+	for _, c := range fleet.Workers {
+		identity := "shared-" + c.Name
+		writeFile(t, filepath.Join(s.TokenDir, identity), auth.Issue(c.Name)+"\n")
+		for j := 0; j < perWorker; j++ {
+			name := fmt.Sprintf("fan-%s-%d", c.Name, j+1)
+			w, err := s.NewWorker(name, "onprem", c, map[string]any{"clusterName": identity})
+			if err != nil {
+				t.Fatal(err)
+			}
+			workers = append(workers, w)
+			names = append(names, name)
+		}
+	}
+	ctx := context.Background()
+	if err := s.Setup(ctx, "fanout", workers); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := s.CreateProfiles(ctx, "accessProviders", workers); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.WaitActive(ctx, 3*time.Minute, names...); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Broker.CountsFor("onprem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d ClusterProfiles, %d identities: all Active in %.2fs; %v GetToken calls, %v upstream fetches, %v suspected rejections",
+		len(workers), len(fleet.Workers), time.Since(start).Seconds(), c.Requests, c.Fetches, c.Suspected)
+	if c.Fetches != float64(len(fleet.Workers)) {
+		t.Errorf("upstream fetches = %v, want %d (the number of identities)", c.Fetches, len(fleet.Workers))
+	}
+	if c.OK < float64(len(workers)) {
+		t.Errorf("OK GetToken calls = %v, want at least %d (one per cluster)", c.OK, len(workers))
+	}
 }

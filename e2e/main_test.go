@@ -43,7 +43,12 @@ func run(m *testing.M) int {
 		return fail(err)
 	}
 	_ = os.Chmod(scratch, 0o755)
-	defer os.RemoveAll(scratch)
+	// CREDBROKER_E2E_KEEP=1 keeps every process's log and config for a look afterwards.
+	if os.Getenv("CREDBROKER_E2E_KEEP") == "" {
+		defer os.RemoveAll(scratch)
+	} else {
+		defer fmt.Println("e2e: kept", scratch)
+	}
 	if content, err = harness.ImageContent(); err != nil {
 		return fail(err)
 	}

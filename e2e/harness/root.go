@@ -206,3 +206,11 @@ func Poll(ctx context.Context, timeout, interval time.Duration, cond func() (boo
 		}
 	}
 }
+
+// Pid is the process id (0 before Start).
+func (c *Container) Pid() int {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
