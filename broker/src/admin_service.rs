@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 use crate::broker::{Broker, BrokerError};
 use crate::cache::{CacheKey, EntryInfo};
 use crate::caller;
+use crate::review::Answer;
 
 /// Which entries an Invalidate or Refresh targets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,9 +125,17 @@ fn entry(info: EntryInfo) -> Entry {
         state: info.state.as_str().to_owned(),
         last_error: info.last_error.unwrap_or_default(),
         failures: info.failures,
-        suspected_rejections: info.rejections.count,
-        last_suspected_rejection: info.rejections.last_at.map(timestamp),
+        reasks: info.rejections.reasks,
+        last_reask: info.rejections.last_reask.map(timestamp),
         rejected_credential_returned: info.rejections.returned_rejected,
+        confirmed_rejections: info.rejections.confirmed,
+        last_confirmed_rejection: info.rejections.last_confirmed.map(timestamp),
+        last_reask_check: info
+            .rejections
+            .last_answer
+            .as_ref()
+            .map(Answer::describe)
+            .unwrap_or_default(),
     }
 }
 

@@ -26,8 +26,9 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::providers::{BoxFuture, Credential, Provider, ProviderError, Resolved};
-use crate::rejections::{self, CallerId, CredentialDigest, RejectionInfo, Verdict};
+use crate::rejections::{self, CallerId, CredentialDigest, Reask, RejectionInfo, Verdict};
 use crate::request::{StoredRequest, TokenRequest};
+use crate::review::{Answer, ApiServerCheck, CredentialCheck};
 
 /// The design's rule: refresh at about half the lifetime, so a refresh that fails has the
 /// other half of the lifetime to succeed in.
@@ -153,6 +154,12 @@ impl CacheError {
     }
 }
 
+/// A check's answer stands for re-asks about the same credential for this long: one client
+/// rebuilding its clients for many clusters re-asks in a burst, and each answer is a request
+/// to an API server. Short, because a credential revoked just after a check that accepted
+/// it is then served once more than need be, and client-go asks again at its next 401.
+pub const CHECK_REUSE: Duration = Duration::from_secs(1);
+
 /// Clusters listed per entry in [`EntryInfo`]; the rest are only counted. An identity can
 /// serve thousands of clusters (one GCP token for every GKE cluster).
 pub const LISTED_CLUSTERS: usize = 32;
@@ -180,8 +187,9 @@ pub trait CacheObserver: Send + Sync {
         background: bool,
     );
 
-    /// A caller asked again before its come-back time (see [`crate::rejections`]).
-    fn suspected_rejection(&self, _provider: &str) {}
+    /// A re-ask was checked with the cluster's API server (see [`crate::rejections`]): once
+    /// per check, however many callers waited on it.
+    fn reask_checked(&self, _provider: &str, _answer: &Answer) {}
 }
 
 /// What an operator sees of an entry: never the credential itself.
@@ -234,6 +242,8 @@ struct Inner {
     table: Mutex<Table>,
     settings: CacheSettings,
     observer: Option<Arc<dyn CacheObserver>>,
+    /// Asks a cluster's API server about a re-asked credential ([`crate::review`]).
+    checker: Arc<dyn CredentialCheck>,
     /// One gate per provider name (only configured names reach the cache).
     gates: Mutex<HashMap<Arc<str>, Arc<Semaphore>>>,
 }
@@ -332,6 +342,10 @@ impl Table {
 }
 
 type Inflight = Shared<BoxFuture<'static, Result<Served, CacheError>>>;
+/// A check of an entry's credential with its cluster's API server, running.
+/// Its output: the answer, and the fetch a rejection started or joined (the callers waiting on
+/// the check join it too, however soon it completes).
+type PendingCheck = Shared<BoxFuture<'static, (Answer, Option<Inflight>)>>;
 
 #[derive(Default)]
 struct Slot {
@@ -358,6 +372,8 @@ struct State {
     /// The callers served and the refreshes they forced; allocated at the first request
     /// that says who is asking.
     rejections: Option<Box<rejections::Memory>>,
+    /// The re-ask check running, and for which credential.
+    checking: Option<(CredentialDigest, PendingCheck)>,
 }
 
 impl State {
@@ -405,6 +421,7 @@ impl Cache {
                 table: Mutex::default(),
                 settings,
                 observer: None,
+                checker: Arc::new(ApiServerCheck::default()),
                 gates: Mutex::default(),
             }),
         }
@@ -415,6 +432,16 @@ impl Cache {
         match Arc::get_mut(&mut self.inner) {
             Some(inner) => inner.observer = Some(observer),
             None => tracing::error!("Cache::with_observer called on a shared cache; ignored"),
+        }
+        self
+    }
+
+    /// Checks re-asked credentials with `checker` instead of the API server (tests). Call
+    /// before sharing the cache.
+    pub fn with_checker(mut self, checker: Arc<dyn CredentialCheck>) -> Self {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.checker = checker,
+            None => tracing::error!("Cache::with_checker called on a shared cache; ignored"),
         }
         self
     }
@@ -432,8 +459,10 @@ impl Cache {
     }
 
     /// [`Cache::get`] for a caller that says who it is: the same caller asking again before
-    /// the come-back time it was given is a suspected rejection ([`crate::rejections`]),
-    /// answered with a fetch anew (bounded, single-flight with every other fetch).
+    /// the come-back time it was given (a re-ask, [`crate::rejections`]) waits for a check of
+    /// the held credential with the cluster's API server ([`crate::review`]), single-flight
+    /// per entry; only a rejection (or a request that cannot be checked) fetches anew,
+    /// bounded, single-flight with every other fetch.
     pub async fn get_for(
         &self,
         provider: &Arc<dyn Provider>,
@@ -443,80 +472,101 @@ impl Cache {
     ) -> Result<Served, CacheError> {
         let key = CacheKey::new(&req.provider, target);
         let (slot, placed_as) = self.inner.slot_for(&key);
-        let mut forced = false;
-        let (fetch, outcome, moved) = {
-            let mut guard = slot.lock();
-            let st = &mut *guard;
-            let now = Instant::now();
-            st.last_access = Some(now);
-            st.note_request(req);
-            let verdict = match (caller, &st.current) {
-                (Some(caller), Some(fresh)) if now < fresh.serve_until => st
-                    .rejections
-                    .get_or_insert_default()
-                    .check(caller, now, fresh.digest),
-                _ => Verdict::Serve,
-            };
-            let may_retry = st.retry_at.is_none_or(|at| now >= at);
-            if verdict.suspected() {
-                let next = match (st.inflight.is_some(), may_retry) {
-                    (true, _) => Next::Join,
-                    (false, false) => Next::BackingOff,
-                    (false, true) => Next::Fetch,
+        // A re-ask waits for the check, then is judged again with its answer: once, since a
+        // pass with an answer never starts a check.
+        let mut checked: Option<Answer> = None;
+        let (fetch, outcome, moved, forced) = loop {
+            let check: Result<_, PendingCheck> = 'pass: {
+                let mut guard = slot.lock();
+                let st = &mut *guard;
+                let now = Instant::now();
+                if checked.is_none() {
+                    st.last_access = Some(now);
+                    st.note_request(req);
+                }
+                let answer = match (&checked, caller, &st.current) {
+                    (Some(answer), _, _) => Some(answer.clone()),
+                    (None, Some(caller), Some(fresh)) if now < fresh.serve_until => {
+                        let (digest, credential) = (fresh.digest, fresh.credential.clone());
+                        let memory = st.rejections.get_or_insert_default();
+                        match memory.reask(caller, now, digest) {
+                            Reask::Held => {
+                                let recent =
+                                    memory.recent_answer(now, digest, CHECK_REUSE).cloned();
+                                match recent {
+                                    Some(answer) => Some(answer),
+                                    None => {
+                                        break 'pass Err(self.start_check(
+                                            &slot, st, provider, req, target, caller, digest,
+                                            credential,
+                                        ));
+                                    }
+                                }
+                            }
+                            Reask::No | Reask::Superseded => None,
+                        }
+                    }
+                    _ => None,
                 };
-                self.suspected(&key, req, caller, verdict, next);
-            }
-            if let Some(fresh) = &st.current {
-                if now < fresh.serve_until && provider.is_current(target, &fresh.credential) {
-                    // A suspected rejection joins a fetch already running (a background
-                    // refresh or another caller's re-ask), or starts one when allowed.
-                    forced = match verdict {
-                        Verdict::Refresh => st.inflight.is_some() || may_retry,
-                        Verdict::Hold { .. } => st.inflight.is_some(),
-                        Verdict::Serve | Verdict::Superseded => false,
-                    };
-                    if !forced {
-                        let due = now >= fresh.refresh_at;
-                        let served =
-                            fresh.serve(now, if due { Outcome::Stale } else { Outcome::Hit });
-                        let digest = fresh.digest;
-                        st.hits += 1;
-                        if due && st.inflight.is_none() && may_retry {
-                            // Refresh ahead in the background; this caller does not wait.
-                            drop(self.start_fetch(&slot, st, provider, req, target, true));
+                let may_retry = st.retry_at.is_none_or(|at| now >= at);
+                if let Some(fresh) = &st.current {
+                    if now < fresh.serve_until && provider.is_current(target, &fresh.credential) {
+                        // A rejection joins the fetch it started, a background refresh or
+                        // another caller's; with none running, what is held is served.
+                        let forced = answer
+                            .as_ref()
+                            .is_some_and(|a| a.forces_refresh() && st.inflight.is_some());
+                        if !forced {
+                            let due = now >= fresh.refresh_at;
+                            let served =
+                                fresh.serve(now, if due { Outcome::Stale } else { Outcome::Hit });
+                            let digest = fresh.digest;
+                            st.hits += 1;
+                            if due && st.inflight.is_none() && may_retry {
+                                // Refresh ahead in the background; this caller does not wait.
+                                drop(self.start_fetch(&slot, st, provider, req, target, true));
+                            }
+                            if let (Some(caller), Some(memory)) = (caller, &mut st.rejections) {
+                                memory.served(*caller, now, come_back_at(&served, now), digest);
+                            }
+                            return Ok(served);
                         }
-                        if let (Some(caller), Some(memory)) = (caller, &mut st.rejections) {
-                            memory.served(*caller, now, come_back_at(&served, now), digest);
-                        }
-                        return Ok(served);
+                    } else {
+                        st.current = None;
                     }
+                }
+                let forced = answer.is_some_and(|a| a.forces_refresh());
+                let (fetch, outcome) = if let Some(inflight) = &st.inflight {
+                    (inflight.clone(), Outcome::Joined)
                 } else {
-                    st.current = None;
-                }
-            }
-            let (fetch, outcome) = if let Some(inflight) = &st.inflight {
-                (inflight.clone(), Outcome::Joined)
-            } else {
-                if let (Some(at), Some(last)) = (st.retry_at, &st.last_error)
-                    && now < at
-                {
-                    let err = CacheError::BackingOff {
-                        last: Box::new(last.clone()),
-                        retry_in: at - now,
-                    };
-                    let moved = st.class() != placed_as;
-                    drop(guard);
-                    if moved {
-                        self.inner.reclassify(&key, &slot);
+                    if let (Some(at), Some(last)) = (st.retry_at, &st.last_error)
+                        && now < at
+                    {
+                        let err = CacheError::BackingOff {
+                            last: Box::new(last.clone()),
+                            retry_in: at - now,
+                        };
+                        let moved = st.class() != placed_as;
+                        drop(guard);
+                        if moved {
+                            self.inner.reclassify(&key, &slot);
+                        }
+                        return Err(err);
                     }
-                    return Err(err);
-                }
-                (
-                    self.start_fetch(&slot, st, provider, req, target, false),
-                    Outcome::Miss,
-                )
+                    (
+                        self.start_fetch(&slot, st, provider, req, target, false),
+                        Outcome::Miss,
+                    )
+                };
+                Ok((fetch, outcome, st.class() != placed_as, forced))
             };
-            (fetch, outcome, st.class() != placed_as)
+            match check {
+                Ok(wait) => break wait,
+                Err(pending) => match pending.await {
+                    (_, Some(fetch)) => break (fetch, Outcome::Joined, false, true),
+                    (answer, None) => checked = Some(answer),
+                },
+            }
         };
         if moved {
             // A remembered failure fetching again, or a credential gone while fetching anew.
@@ -551,45 +601,140 @@ impl Cache {
         Ok(served)
     }
 
-    /// Logs and counts a suspected rejection. Names the provider, the cluster and the
-    /// caller's pid, never the credential.
-    fn suspected(
+    /// Starts (or joins) the check of the credential an entry holds, for a re-ask. It runs in
+    /// its own task, so it completes (and its answer is acted on once) whatever the callers
+    /// waiting on it do.
+    #[allow(clippy::too_many_arguments)]
+    fn start_check(
         &self,
-        key: &CacheKey,
+        slot: &Arc<Slot>,
+        st: &mut State,
+        provider: &Arc<dyn Provider>,
         req: &TokenRequest,
-        caller: Option<&CallerId>,
-        verdict: Verdict,
-        next: Next,
-    ) {
-        let provider = crate::text::quote(&key.provider);
-        let cluster = crate::text::quote(&req.cluster_label());
-        let caller_pid = caller.map_or(0, |c| c.pid);
-        let what = match (verdict, next) {
-            (Verdict::Serve, _) => return,
-            (Verdict::Refresh | Verdict::Hold { .. }, Next::Join) => "joining the fetch running",
-            (Verdict::Refresh, Next::Fetch) => "fetching a new credential",
-            (Verdict::Refresh, Next::BackingOff) => {
-                "the upstream is failing (backing off), serving the cached credential"
-            }
-            (Verdict::Hold { .. }, _) => {
-                "a forced refresh ran recently, serving the cached credential"
-            }
-            (Verdict::Superseded, _) => "serving the credential fetched since",
+        target: &Resolved,
+        caller: &CallerId,
+        digest: CredentialDigest,
+        credential: Credential,
+    ) -> PendingCheck {
+        if let Some((checking, running)) = &st.checking
+            && *checking == digest
+        {
+            return running.clone();
+        }
+        let cache = Cache {
+            inner: Arc::clone(&self.inner),
         };
-        let next_forced_refresh_in = match verdict {
-            Verdict::Hold { next_in } => Some(next_in),
+        let slot = Arc::clone(slot);
+        let provider = Arc::clone(provider);
+        let req = req.clone();
+        let target = target.clone();
+        let caller_pid = caller.pid;
+        let task = tokio::spawn(async move {
+            let answer = cache
+                .inner
+                .checker
+                .check(req.cluster.as_ref(), &credential)
+                .await;
+            let fetch = cache.checked(&slot, &provider, &req, &target, caller_pid, digest, &answer);
+            (answer, fetch)
+        });
+        let joined: BoxFuture<'static, _> = Box::pin(async move {
+            task.await
+                .unwrap_or_else(|e| (Answer::Unreachable(format!("the check failed: {e}")), None))
+        });
+        let shared = joined.shared();
+        st.checking = Some((digest, shared.clone()));
+        shared
+    }
+
+    /// Acts on a check's answer once: a rejection (or a re-ask that cannot be checked) starts
+    /// the forced refresh when the bounds allow; then logs it and reports it. Returns the
+    /// fetch the re-askers are to join: the one it started, or one already running.
+    #[allow(clippy::too_many_arguments)]
+    fn checked(
+        &self,
+        slot: &Arc<Slot>,
+        provider: &Arc<dyn Provider>,
+        req: &TokenRequest,
+        target: &Resolved,
+        caller_pid: u32,
+        digest: CredentialDigest,
+        answer: &Answer,
+    ) -> Option<Inflight> {
+        let (next, fetch) = {
+            let mut guard = slot.lock();
+            let st = &mut *guard;
+            if st.checking.as_ref().is_some_and(|(d, _)| *d == digest) {
+                st.checking = None;
+            }
+            let now = Instant::now();
+            let verdict = st
+                .rejections
+                .get_or_insert_default()
+                .answered(now, digest, answer);
+            let holds = st
+                .current
+                .as_ref()
+                .is_some_and(|f| f.digest == digest && now < f.serve_until);
+            match verdict {
+                None => (None, None),
+                Some(_) if st.inflight.is_some() => (Some(Next::Join), st.inflight.clone()),
+                Some(_) if !holds => (Some(Next::Replaced), None),
+                Some(Verdict::Hold { next_in }) => (Some(Next::Hold(next_in)), None),
+                Some(Verdict::Refresh) if st.retry_at.is_some_and(|at| now < at) => {
+                    (Some(Next::BackingOff), None)
+                }
+                Some(Verdict::Refresh) => {
+                    let fetch = self.start_fetch(slot, st, provider, req, target, false);
+                    (Some(Next::Fetch), Some(fetch))
+                }
+            }
+        };
+        let provider_name = crate::text::quote(&req.provider);
+        let cluster = crate::text::quote(&req.cluster_label());
+        let server = crate::text::quote(req.cluster.as_ref().map_or("", |c| c.server.as_str()));
+        let what = next.map(Next::describe).unwrap_or_default();
+        let next_forced_refresh_in = match next {
+            Some(Next::Hold(d)) => Some(d),
             _ => None,
         };
-        tracing::warn!(
-            provider,
-            cluster,
-            caller_pid,
-            ?next_forced_refresh_in,
-            "suspected rejection: the caller asked again before its come-back time; {what}"
-        );
-        if let Some(observer) = &self.inner.observer {
-            observer.suspected_rejection(&key.provider);
+        match answer {
+            Answer::Accepted(status) => tracing::debug!(
+                provider = provider_name,
+                cluster,
+                caller_pid,
+                status,
+                "re-ask: the API server accepts the credential held (a second client in the same process); serving it"
+            ),
+            Answer::Rejected => tracing::warn!(
+                provider = provider_name,
+                cluster,
+                server,
+                caller_pid,
+                ?next_forced_refresh_in,
+                "rejection confirmed: the API server answered 401 to the credential the caller was served; {what}"
+            ),
+            Answer::Unreachable(why) => tracing::info!(
+                provider = provider_name,
+                cluster,
+                server,
+                caller_pid,
+                why = crate::text::quote(why),
+                "re-ask not checked: the API server could not be asked; serving the credential held (client-go cannot reach it either)"
+            ),
+            Answer::Unchecked(why) => tracing::warn!(
+                provider = provider_name,
+                cluster,
+                caller_pid,
+                why = crate::text::quote(why),
+                ?next_forced_refresh_in,
+                "re-ask taken as a rejection without a check; {what}"
+            ),
         }
+        if let Some(observer) = &self.inner.observer {
+            observer.reask_checked(&req.provider, answer);
+        }
+        fetch
     }
 
     /// Starts the one upstream call for a slot. It runs in its own task, so it completes
@@ -643,7 +788,7 @@ impl Cache {
                 tracing::warn!(
                     provider = crate::text::quote(&key.provider),
                     cluster = crate::text::quote(&req.cluster_label()),
-                    "a refresh forced by a suspected rejection got back the very credential that was rejected; serving it, and fetching again only after the back-off (rotate the source if it is stale)"
+                    "a refresh forced by a rejection got back the very credential that was rejected; serving it, and fetching again only after the back-off (rotate the source if it is stale)"
                 );
             }
             inner.reclassify(&key, &slot);
@@ -892,7 +1037,7 @@ impl Slot {
     }
 
     /// Records the result of an upstream call and answers the callers waiting on it. Also
-    /// says whether a refresh forced by a suspected rejection got the rejected credential back.
+    /// says whether a refresh forced by a rejection got the rejected credential back.
     fn complete(
         &self,
         result: Result<Credential, CacheError>,
@@ -982,15 +1127,33 @@ impl Fresh {
     }
 }
 
-/// What the cache does for a suspected rejection, for its log line.
+/// What the cache does about a rejection, for its log line.
 #[derive(Debug, Clone, Copy)]
 enum Next {
     /// Joins the fetch running for the entry.
     Join,
-    /// Starts a fetch (when the verdict allows one).
+    /// Started a forced refresh.
     Fetch,
     /// Serves what it holds: the entry is backing off after upstream failures.
     BackingOff,
+    /// Serves what it holds: a forced refresh ran recently; the next is allowed after this.
+    Hold(Duration),
+    /// The rejected credential was already replaced: callers get the new one.
+    Replaced,
+}
+
+impl Next {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Join => "joining the fetch running",
+            Self::Fetch => "fetching a new credential",
+            Self::BackingOff => {
+                "the upstream is failing (backing off), serving the cached credential"
+            }
+            Self::Hold(_) => "a forced refresh ran recently, serving the cached credential",
+            Self::Replaced => "serving the credential fetched since",
+        }
+    }
 }
 
 /// A served come-back time on the cache's clock, to compare the caller's next call with.

@@ -13,6 +13,7 @@ pub mod providers;
 pub mod ratelimit;
 pub mod rejections;
 pub mod request;
+pub mod review;
 pub mod server;
 pub mod socket;
 pub mod status;

@@ -18,6 +18,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::cache::{Cache, Outcome};
+use crate::review::Answer;
 
 /// The `provider` label of calls that name no configured provider: label values come from
 /// the config only, so no caller can grow `/metrics` (or the broker's memory) by inventing
@@ -48,6 +49,13 @@ struct ProviderLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReaskLabels {
+    provider: String,
+    /// [`Answer::label`]: four values.
+    answer: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UpstreamLabels {
     provider: String,
     outcome: String,
@@ -67,7 +75,7 @@ pub struct Metrics {
     misses: Family<ProviderLabels, Counter>,
     stale_served: Family<ProviderLabels, Counter>,
     refresh_failures: Family<ProviderLabels, Counter>,
-    suspected_rejections: Family<ProviderLabels, Counter>,
+    reask_checks: Family<ReaskLabels, Counter>,
     upstream_duration: Family<UpstreamLabels, Histogram, fn() -> Histogram>,
     entries: Gauge,
     rate_limited: Counter,
@@ -112,11 +120,11 @@ impl Metrics {
             "Background refreshes that failed (the cached credential stays in service)",
             refresh_failures.clone(),
         );
-        let suspected_rejections = Family::<ProviderLabels, Counter>::default();
+        let reask_checks = Family::<ReaskLabels, Counter>::default();
         registry.register(
-            "suspected_rejections",
-            "GetToken calls from a caller asking again before its come-back time, as client-go does after a 401 (the cached credential was likely rejected)",
-            suspected_rejections.clone(),
+            "reask_checks",
+            "Checks with the cluster's API server of a credential a caller asked for again before its come-back time, by answer: rejected (401, a confirmed rejection: fetched anew), accepted, unreachable (the held credential stays in service), unchecked (the request could not be checked: taken as a rejection)",
+            reask_checks.clone(),
         );
         let upstream_duration: Family<UpstreamLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(|| {
@@ -154,7 +162,7 @@ impl Metrics {
             misses,
             stale_served,
             refresh_failures,
-            suspected_rejections,
+            reask_checks,
             upstream_duration,
             entries,
             rate_limited,
@@ -188,11 +196,13 @@ impl Metrics {
             .inc();
     }
 
-    /// A suspected rejection (see [`crate::rejections`]); `provider` is a configured name.
-    pub fn suspected_rejection(&self, provider: &str) {
-        self.suspected_rejections
-            .get_or_create(&ProviderLabels {
+    /// A re-ask checked with the API server (see [`crate::rejections`]); `provider` is a
+    /// configured name, and the answer one of four labels: the family stays small.
+    pub fn reask_checked(&self, provider: &str, answer: &Answer) {
+        self.reask_checks
+            .get_or_create(&ReaskLabels {
                 provider: provider.to_owned(),
+                answer: answer.label(),
             })
             .inc();
     }

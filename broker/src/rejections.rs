@@ -1,14 +1,16 @@
-//! Suspected rejections: client-go runs an exec plugin again before the expiry it was given
-//! only after the API server answered 401 (client-go `plugin/pkg/client/auth/exec`,
-//! `maybeRefreshCreds`), and only from the same process with the same exec config and
-//! cluster (its authenticators are cached process-wide on those). So when the same caller
-//! asks again for the same entry before the come-back time the broker gave it, the
-//! credential it was served has most likely been rejected (revoked, rotated, the identity's
-//! access changed): the cache fetches a new one at once instead of handing the rejected one
-//! back until its come-back time.
+//! Re-asks and rejections: client-go runs an exec plugin again before the expiry it was given
+//! after the API server answered 401 (client-go `plugin/pkg/client/auth/exec`,
+//! `maybeRefreshCreds`), from the same process with the same exec config and cluster. So
+//! does a process that builds a second authenticator for the same cluster: client-go caches
+//! authenticators on the whole exec config and cluster, and two configs that differ in a field
+//! the plugin never sees (an `env` list empty or absent) get two. So when the same caller asks
+//! again for the same entry before the come-back time the broker gave it (a **re-ask**), the
+//! credential it was served may have been rejected, or may be fine: the cache asks the
+//! cluster's API server ([`crate::review`]) and fetches anew only when the server answers
+//! 401 (a **confirmed rejection**), or when the request cannot be checked at all.
 //!
-//! Each cache entry remembers the callers it served (at most [`MAX_CALLERS_PER_ENTRY`]) and,
-//! per entry, the bounds on refreshes forced by them: at most one per
+//! Each cache entry remembers the callers it served (at most [`MAX_CALLERS_PER_ENTRY`]), the
+//! last answer of a check, and the bounds on refreshes forced by rejections: at most one per
 //! [`FORCED_REFRESH_INTERVAL`], doubling while the credentials those refreshes get are
 //! rejected again, up to [`MAX_FORCED_REFRESH_INTERVAL`]. A caller that sends no
 //! [`CallerId`] (an older shim, grpcurl) is served exactly as before.
@@ -24,6 +26,7 @@ use crate::providers::{Credential, CredentialSecret};
 /// The caller's wire checks live with the other request checks (`request`), which every
 /// module may import; re-exported here where the rules that use them are.
 pub use crate::request::{CallerError, PID_MAX_LIMIT};
+use crate::review::Answer;
 
 /// Callers remembered per entry; past it the one served longest ago is forgotten (it is then
 /// a new caller: served from the cache). One client-go process asks once per cluster, so an
@@ -124,26 +127,26 @@ impl std::fmt::Debug for CredentialDigest {
     }
 }
 
-/// What to do with a request from a known caller.
+/// What a request from a known caller is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Reask {
     /// Not a re-ask (a new caller, or on time): serve as usual.
-    Serve,
-    /// A suspected rejection of a credential the entry no longer holds (another caller's
-    /// re-ask or a refresh already replaced it): serve the current one, no fetch.
+    No,
+    /// A re-ask about a credential the entry no longer holds (another caller's rejection or a
+    /// refresh already replaced it): serve the current one, no check, no fetch.
     Superseded,
-    /// A suspected rejection of what the entry holds: fetch anew (or join the fetch running).
-    Refresh,
-    /// A suspected rejection, but a forced refresh ran too recently: serve what is held (or
-    /// join a fetch already running) and fetch again no sooner than `next_in`.
-    Hold { next_in: Duration },
+    /// A re-ask about what the entry holds: ask the API server before anything else.
+    Held,
 }
 
-impl Verdict {
-    /// Whether the request is a suspected rejection (counted, logged).
-    pub fn suspected(self) -> bool {
-        self != Self::Serve
-    }
+/// What to do about a rejection (confirmed, or a re-ask that could not be checked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Fetch anew (or join the fetch running).
+    Refresh,
+    /// A forced refresh ran too recently: serve what is held (or join a fetch already
+    /// running) and fetch again no sooner than `next_in`.
+    Hold { next_in: Duration },
 }
 
 /// A caller and what it was last served.
@@ -154,13 +157,18 @@ struct Record {
     credential: CredentialDigest,
 }
 
-/// Per entry: the callers served, and the state of the refreshes they forced.
+/// Per entry: the callers served, the last check, and the state of the refreshes rejections
+/// forced.
 #[derive(Debug, Default)]
 pub struct Memory {
     /// Oldest served first.
     callers: Vec<Record>,
-    count: u64,
-    last_at: Option<SystemTime>,
+    reasks: u64,
+    last_reask: Option<SystemTime>,
+    confirmed: u64,
+    last_confirmed: Option<SystemTime>,
+    /// The last check's answer, for which credential, and when it came.
+    answered: Option<(Instant, CredentialDigest, Answer)>,
     /// When the last forced refresh started.
     forced_at: Option<Instant>,
     /// The credential the last forced refresh got.
@@ -172,29 +180,68 @@ pub struct Memory {
     returned_rejected: bool,
 }
 
-/// What operators see of an entry's suspected rejections.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What operators see of an entry's re-asks and rejections.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RejectionInfo {
-    pub count: u64,
-    pub last_at: Option<SystemTime>,
+    /// Re-asks: a known caller asking again before its come-back time.
+    pub reasks: u64,
+    pub last_reask: Option<SystemTime>,
+    /// Re-asks the API server answered 401 to (checks, not callers: several callers
+    /// re-asking about one credential make one).
+    pub confirmed: u64,
+    pub last_confirmed: Option<SystemTime>,
+    /// What the last check found.
+    pub last_answer: Option<Answer>,
     /// The last forced refresh got back the very credential that was rejected.
     pub returned_rejected: bool,
 }
 
 impl Memory {
-    /// Judges a request from `caller` while the entry holds `current`. Counts a suspected
-    /// rejection, and when it allows a forced refresh, starts the interval.
-    pub fn check(&mut self, caller: &CallerId, now: Instant, current: CredentialDigest) -> Verdict {
+    /// Judges a request from `caller` while the entry holds `current`, counting a re-ask.
+    pub fn reask(&mut self, caller: &CallerId, now: Instant, current: CredentialDigest) -> Reask {
         let Some(record) = self.callers.iter().find(|r| r.caller == *caller) else {
-            return Verdict::Serve;
+            return Reask::No;
         };
         if now + COME_BACK_SLACK >= record.come_back {
-            return Verdict::Serve;
+            return Reask::No;
         }
-        self.count = self.count.saturating_add(1);
-        self.last_at = Some(SystemTime::now());
+        self.reasks = self.reasks.saturating_add(1);
+        self.last_reask = Some(SystemTime::now());
         if record.credential != current {
-            return Verdict::Superseded;
+            return Reask::Superseded;
+        }
+        Reask::Held
+    }
+
+    /// The last check's answer about `current`, if it came within `reuse`: re-asks about the
+    /// same credential right after a check take its answer instead of asking again.
+    pub fn recent_answer(
+        &self,
+        now: Instant,
+        current: CredentialDigest,
+        reuse: Duration,
+    ) -> Option<&Answer> {
+        match &self.answered {
+            Some((at, digest, answer)) if *digest == current && now < *at + reuse => Some(answer),
+            _ => None,
+        }
+    }
+
+    /// A check about `current` answered; for a rejection (or a re-ask that cannot be
+    /// checked) says whether to fetch anew now, and when it does, starts the interval.
+    pub fn answered(
+        &mut self,
+        now: Instant,
+        current: CredentialDigest,
+        answer: &Answer,
+    ) -> Option<Verdict> {
+        self.answered = Some((now, current, answer.clone()));
+        if *answer == Answer::Rejected {
+            self.confirmed = self.confirmed.saturating_add(1);
+            self.last_confirmed = Some(SystemTime::now());
+        }
+        if !answer.forces_refresh() {
+            return None;
         }
         // The credential a forced refresh got is rejected again: back off further.
         let again = self.forced_got == Some(current);
@@ -202,15 +249,15 @@ impl Memory {
         if let Some(forced_at) = self.forced_at {
             let next = forced_at + interval(streak);
             if now < next {
-                return Verdict::Hold {
+                return Some(Verdict::Hold {
                     next_in: next - now,
-                };
+                });
             }
         }
         self.streak = if again { streak.saturating_add(1) } else { 0 };
         self.forced_at = Some(now);
         self.pending = Some(current);
-        Verdict::Refresh
+        Some(Verdict::Refresh)
     }
 
     /// Remembers that `caller` was served `credential` and told to come back at `come_back`.
@@ -259,8 +306,11 @@ impl Memory {
 
     pub fn info(&self) -> RejectionInfo {
         RejectionInfo {
-            count: self.count,
-            last_at: self.last_at,
+            reasks: self.reasks,
+            last_reask: self.last_reask,
+            confirmed: self.confirmed,
+            last_confirmed: self.last_confirmed,
+            last_answer: self.answered.as_ref().map(|(_, _, a)| a.clone()),
             returned_rejected: self.returned_rejected,
         }
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::cache::{CacheError, CacheObserver};
 use crate::metrics::Metrics;
+use crate::review::Answer;
 use crate::text::one_line;
 
 /// How many characters of an upstream error a log line quotes: a provider's error with its
@@ -87,8 +88,8 @@ impl CacheObserver for Telemetry {
         }
     }
 
-    fn suspected_rejection(&self, provider: &str) {
-        self.metrics.suspected_rejection(provider);
+    fn reask_checked(&self, provider: &str, answer: &Answer) {
+        self.metrics.reask_checked(provider, answer);
     }
 }
 

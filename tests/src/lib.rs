@@ -15,12 +15,14 @@
 //!   [`HungServer`], [`scrape_metrics`];
 //! - [`fakes`]: [`FakeHttps`] and the upstreams on it (STS, GCE metadata and Google OAuth,
 //!   Entra ID, a Kubernetes API server), and [`fakes::kube_api`] (list and watch of Secrets);
-//! - [`doc_blocks`]: the fenced blocks of README.md and docs/, by kind (docs are tested).
+//! - [`doc_blocks`]: the fenced blocks of README.md and docs/, by kind (docs are tested);
+//! - [`alerts`]: the deploy's alert rules evaluated against two `/metrics` scrapes.
 //!
 //! Every wait is bounded and every child process is killed when its owner is dropped.
 
 use std::time::Duration;
 
+pub mod alerts;
 pub mod broker;
 pub mod doc_blocks;
 pub mod fakes;
@@ -30,8 +32,9 @@ pub mod plugins;
 pub mod process;
 pub mod shim;
 
+pub use alerts::IncreaseAlert;
 pub use broker::*;
-pub use fakes::apiserver::{FakeApiServer, SeenRequest};
+pub use fakes::apiserver::{FAKE_SERVER_MINOR, FakeApiServer, SeenRequest};
 pub use fakes::{FakeHttps, Reply, Seen, parse_form, serve_tls, tls_config};
 pub use peers::*;
 pub use plugins::*;

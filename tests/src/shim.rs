@@ -29,7 +29,7 @@ pub const SHIM_RUN_ENV: &str = "CREDBROKER_TEST_SHIM_RUN";
 ///
 /// Each run is a new caller to the broker: the test process is long-lived and multi-threaded,
 /// like client-go, so runs with the same arguments and environment would be client-go asking
-/// again after a 401 (a suspected rejection, `tests/tests/rejections.rs`); [`SHIM_RUN_ENV`]
+/// again before its come-back time (a re-ask, `tests/tests/rejections.rs`); [`SHIM_RUN_ENV`]
 /// set to a number of its own changes the exec config's digest. Remove it to run the shim as
 /// the same caller again.
 pub fn shim_command(socket: &Path, args: &[&str], exec_info: Option<&str>) -> Command {

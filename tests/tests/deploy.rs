@@ -1815,6 +1815,13 @@ fn alerts_use_metrics_and_label_values_the_broker_exports() {
                         exposition.contains(&format!("outcome=\"{value}\"")),
                         "{alert}: outcome=\"{value}\" never appears in /metrics"
                     ),
+                    // Answer::label in broker/src/review.rs names the four values.
+                    "answer" => assert!(
+                        std::fs::read_to_string(repo().join("broker/src/review.rs"))
+                            .expect("review.rs")
+                            .contains(&format!("=> \"{value}\",")),
+                        "{alert}: answer=\"{value}\" is not an answer Answer::label gives"
+                    ),
                     other => panic!("{alert}: no check for label {other}"),
                 }
             }

@@ -1,8 +1,10 @@
-//! Suspected rejections end to end: long-lived client-go processes (`kubectl proxy`) whose
+//! Re-asks and rejections end to end. Long-lived client-go processes (`kubectl proxy`) whose
 //! token the API server stops accepting run the shim again after the 401, before the
-//! come-back time they were given; the broker fetches a new token at once (once, whatever
-//! the number of processes), bounded while the new tokens are rejected too. One-shot
-//! `kubectl` runs are new processes: served from the cache.
+//! come-back time they were given: the broker checks the token with the API server, which
+//! answers 401, and fetches a new one at once (once, whatever the number of processes),
+//! bounded while the new tokens are rejected too. Callers that ask again while the token is
+//! fine (the Google Cloud SDK `kubectl` dispatcher re-executing itself, a process with a
+//! second authenticator) fetch nothing, warn nothing and fire no alert.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
@@ -11,9 +13,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use base64::Engine as _;
+use credbroker_tests::fakes::dead_port;
 use credbroker_tests::{
-    Broker, ExecPlugin, FakeApiServer, Kubeconfig, SHIM_RUN_ENV, TokenFiles, V1, assert_credential,
-    describe, exec_info, exec_provider, file_provider, grpcurl, kubectl, require_tool,
+    Broker, ExecPlugin, FakeApiServer, IncreaseAlert, Kubeconfig, SHIM_RUN_ENV, TokenFiles, V1,
+    assert_credential, describe, exec_provider, file_provider, grpcurl, kubectl, require_tool,
     scrape_metrics, shim_command, tempdir, write_kubeconfig,
 };
 use serde_json::{Value, json};
@@ -23,6 +27,43 @@ fn config(providers: &[String]) -> String {
         "socket: {{path: \"{{socket}}\"}}\nmetrics: {{address: \"127.0.0.1:0\"}}\nproviders:\n{}",
         providers.concat()
     )
+}
+
+/// The alert operators get for rejected credentials, as shipped in deploy/.
+fn rejected_alert() -> IncreaseAlert {
+    IncreaseAlert::from_deploy("CredbrokerCredentialsRejected")
+}
+
+/// `KUBERNETES_EXEC_INFO` as client-go sets it for `server` with `provideClusterInfo: true`:
+/// the server, its CA (base64 of the PEM) and the cluster's exec extension.
+fn exec_info_for(server: &str, ca_pem: &str) -> String {
+    json!({
+        "apiVersion": V1,
+        "kind": "ExecCredential",
+        "spec": {"interactive": false, "cluster": {
+            "server": server,
+            "certificate-authority-data":
+                base64::engine::general_purpose::STANDARD.encode(ca_pem),
+            "config": {"clusterName": "alpha"},
+        }},
+    })
+    .to_string()
+}
+
+/// Runs the shim as the same caller each time: this test process, multi-threaded like
+/// client-go, with the same arguments and environment. That is a process with a second
+/// authenticator for one cluster asking again, or client-go after a 401.
+fn same_caller(broker: &Broker, provider: &str, info: &str) -> std::process::Output {
+    let mut cmd = shim_command(broker.socket(), &["--provider", provider], Some(info));
+    cmd.env_remove(SHIM_RUN_ENV);
+    credbroker_tests::Running::spawn(&mut cmd).wait(Duration::from_secs(45))
+}
+
+/// Broker log lines at WARN or above.
+fn warnings(logs: &str) -> Vec<&str> {
+    logs.lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect()
 }
 
 fn kubeconfig(dir: &Path, server: &FakeApiServer, provider: &str, broker: &Broker) -> PathBuf {
@@ -142,13 +183,77 @@ fn entry(broker: &Broker) -> Value {
     list["entries"][0].clone()
 }
 
+/// The false alarm of issue "precise rejection detection": one-shot kubectl runs (the
+/// Google Cloud SDK's `kubectl` asks `/version` and re-executes itself as the `kubectl.1.NN`
+/// of the server's version, in the same process, running the plugin again), first use
+/// included, and a process that runs the plugin twice for one cluster. Nothing was
+/// rejected: one fetch for the lot, no warning, no rejection counted, the alert stays off.
+#[test]
+fn one_shot_kubectl_runs_and_second_authenticators_fetch_nothing() {
+    let plugin = ExecPlugin::new();
+    let broker = Broker::start(&config(&[exec_provider("onprem", plugin.command(), "")]));
+    // 1.31: a version this machine's kubectl dispatcher has a binary for.
+    let server = FakeApiServer::start_at(&["tok-alpha-1"], 31);
+    let dir = tempdir();
+    let kc = kubeconfig(dir.path(), &server, "onprem", &broker);
+    let before = scrape_metrics(&broker.metrics_address());
+    let runs: &[&[&str]] = &[
+        &["get", "--raw", "/version"],
+        &["get", "--raw", "/api"],
+        &["get", "pods"],
+        &["version"],
+    ];
+    for _ in 0..3 {
+        for args in runs {
+            let out = kubectl(&kc, args);
+            assert!(out.status.success(), "kubectl {args:?}: {}", describe(&out));
+        }
+    }
+    let info = exec_info_for(server.url(), server.ca_pem());
+    for _ in 0..3 {
+        assert_eq!(
+            assert_credential(&same_caller(&broker, "onprem", &info), V1).token,
+            "tok-alpha-1"
+        );
+    }
+    let logs = broker.logs();
+    let asks = logs.matches("GetToken provider").count();
+    println!(
+        "{} kubectl runs and 3 runs of one caller: {asks} GetToken calls, {} plugin run(s), {} re-ask check(s) by the API server",
+        3 * runs.len(),
+        plugin.runs(),
+        server.reviews().len()
+    );
+    assert_eq!(plugin.runs(), 1, "one fetch for the lot:\n{logs}");
+    assert_eq!(warnings(&logs), Vec::<&str>::new(), "no warning:\n{logs}");
+    assert!(!logs.contains("tok-alpha"), "no token in the log:\n{logs}");
+    let after = scrape_metrics(&broker.metrics_address());
+    assert!(
+        !after.contains(r#"answer="rejected""#) && !after.contains(r#"answer="unchecked""#),
+        "{after}"
+    );
+    assert!(!rejected_alert().fires(&before, &after), "{after}");
+    // The same caller's re-asks were checked (the server accepted the token), once per
+    // re-ask at most: never a fetch.
+    let reviews = server.reviews();
+    assert!(
+        (1..=2).contains(&reviews.len()) && reviews.iter().all(|r| r.status == 201),
+        "{reviews:?}"
+    );
+    let e = entry(&broker);
+    assert_eq!(e["reasks"], "2", "{e}");
+    assert!(e.get("confirmedRejections").is_none(), "{e}");
+    assert_eq!(e["lastReaskCheck"], "accepted (201)", "{e}");
+}
+
 #[test]
 fn kubectl_proxy_recovers_from_a_revoked_token_with_one_fetch() {
     let plugin = ExecPlugin::new();
     let broker = Broker::start(&config(&[exec_provider("onprem", plugin.command(), "")]));
-    let server = FakeApiServer::start(&["tok-alpha-1"]);
+    let server = FakeApiServer::start_at(&["tok-alpha-1"], 31);
     let dir = tempdir();
     let kc = kubeconfig(dir.path(), &server, "onprem", &broker);
+    let before = scrape_metrics(&broker.metrics_address());
 
     // Three long-lived client-go processes, each served the cached token.
     let proxies: Vec<Proxy> = (0..3).map(|_| Proxy::start(&kc)).collect();
@@ -166,8 +271,8 @@ fn kubectl_proxy_recovers_from_a_revoked_token_with_one_fetch() {
     // The token is revoked; the API server accepts the next one the plugin issues.
     server.revoke_all();
     server.accept("tok-alpha-2");
-    // Every proxy gets a 401 at once, client-go runs the shim again, the broker fetches
-    // anew: once for all of them.
+    // Every proxy gets a 401 at once, client-go runs the shim again, the broker checks the
+    // token with the API server (401) and fetches anew: once for all of them.
     let recovered: Vec<Option<usize>> = std::thread::scope(|s| {
         let asks: Vec<_> = proxies.iter().map(|p| s.spawn(|| p.recover(3))).collect();
         asks.into_iter().map(|a| a.join().expect("join")).collect()
@@ -192,28 +297,85 @@ fn kubectl_proxy_recovers_from_a_revoked_token_with_one_fetch() {
     assert_eq!(plugin.runs(), 2);
 
     let logs = broker.logs();
-    for p in &proxies {
-        let pid = format!("caller_pid={}", p.pid());
-        assert!(
-            logs.lines()
-                .any(|l| l.contains("suspected rejection") && l.contains(&pid)),
-            "a line naming {pid}:\n{logs}"
-        );
-    }
+    let confirmed: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("rejection confirmed"))
+        .collect();
+    assert_eq!(confirmed.len(), 1, "one check for all three:\n{logs}");
+    let pids: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("caller_pid={}", p.pid()))
+        .collect();
+    assert!(
+        pids.iter().any(|pid| confirmed[0].contains(pid.as_str()))
+            && confirmed[0].contains(&format!("server=\"{}\"", server.url()))
+            && confirmed[0].contains("fetching a new credential"),
+        "the line names a proxy and the server: {confirmed:?}"
+    );
     assert!(!logs.contains("tok-alpha"), "no token in the log:\n{logs}");
-    let m = scrape_metrics(&broker.metrics_address());
+    let after = scrape_metrics(&broker.metrics_address());
     assert_eq!(
         sample(
-            &m,
-            r#"credbroker_suspected_rejections_total{provider="onprem"}"#
+            &after,
+            r#"credbroker_reask_checks_total{provider="onprem",answer="rejected"}"#
         ),
-        Some(3.0),
-        "{m}"
+        Some(1.0),
+        "{after}"
+    );
+    assert!(rejected_alert().fires(&before, &after), "{after}");
+    let reviews = server.reviews();
+    assert_eq!(
+        reviews
+            .iter()
+            .map(|r| (r.token.as_deref(), r.status))
+            .collect::<Vec<_>>(),
+        [(Some("tok-alpha-1"), 401)],
+        "the revoked token was checked once, with the server it was meant for"
     );
     let e = entry(&broker);
-    assert_eq!(e["suspectedRejections"], "3", "{e}");
-    assert!(e["lastSuspectedRejection"].is_string(), "{e}");
+    assert_eq!(e["reasks"], "3", "{e}");
+    assert!(e["lastReask"].is_string(), "{e}");
+    assert_eq!(e["confirmedRejections"], "1", "{e}");
+    assert!(e["lastConfirmedRejection"].is_string(), "{e}");
+    assert_eq!(e["lastReaskCheck"], "rejected (401)", "{e}");
     assert!(e.get("rejectedCredentialReturned").is_none(), "{e}");
+}
+
+/// An API server that cannot be asked (down, or a CA that does not verify it): client-go
+/// cannot reach it either, so the held credential stays in service; the token goes to no
+/// other server than the one the request names, verified with the request's CA.
+#[test]
+fn a_re_ask_that_cannot_reach_its_server_keeps_the_held_credential() {
+    let plugin = ExecPlugin::new();
+    let broker = Broker::start(&config(&[exec_provider("onprem", plugin.command(), "")]));
+    let server = FakeApiServer::start(&["tok-alpha-1"]);
+    let other = FakeApiServer::start(&["tok-alpha-1"]);
+    // The server is down.
+    let down = exec_info_for(
+        &format!("https://127.0.0.1:{}", dead_port()),
+        server.ca_pem(),
+    );
+    // A CA that is not the server's.
+    let wrong_ca = exec_info_for(other.url(), server.ca_pem());
+    // Each server is a cluster of its own (an entry of its own); the re-ask gets what is held.
+    for (info, token) in [(&down, "tok-alpha-1"), (&wrong_ca, "tok-alpha-2")] {
+        for _ in 0..2 {
+            assert_eq!(
+                assert_credential(&same_caller(&broker, "onprem", info), V1).token,
+                token
+            );
+        }
+    }
+    let logs = broker.logs();
+    assert_eq!(plugin.runs(), 2, "one per cluster, none forced:\n{logs}");
+    assert_eq!(logs.matches("re-ask not checked").count(), 2, "{logs}");
+    assert_eq!(warnings(&logs), Vec::<&str>::new(), "{logs}");
+    assert!(
+        other.requests().is_empty(),
+        "nothing reached a server the CA does not verify: {:?}",
+        other.requests()
+    );
+    assert!(server.requests().is_empty());
 }
 
 #[test]
@@ -238,7 +400,8 @@ fn a_cluster_that_rejects_every_token_gets_a_bounded_number_of_fetches() {
         "{logs}"
     );
     let e = entry(&broker);
-    let count: u64 = e["suspectedRejections"]
+    assert_eq!(e["lastReaskCheck"], "rejected (401)", "{e}");
+    let count: u64 = e["reasks"]
         .as_str()
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
@@ -250,13 +413,11 @@ fn a_file_not_rotated_yet_is_served_again_and_reported() {
     let files = TokenFiles::new();
     files.write("alpha", "file-token-1");
     let broker = Broker::start(&config(&[file_provider("static", &files.template())]));
-    let info = exec_info(V1, "https://alpha.example", json!({"clusterName": "alpha"}));
+    // The API server no longer accepts the token in the file.
+    let server = FakeApiServer::start(&[]);
+    let info = exec_info_for(server.url(), server.ca_pem());
     // The same caller (this process, the same arguments and environment) twice.
-    let same_caller = || {
-        let mut cmd = shim_command(broker.socket(), &["--provider", "static"], Some(&info));
-        cmd.env_remove(SHIM_RUN_ENV);
-        credbroker_tests::Running::spawn(&mut cmd).wait(Duration::from_secs(45))
-    };
+    let same_caller = || same_caller(&broker, "static", &info);
     assert_eq!(assert_credential(&same_caller(), V1).token, "file-token-1");
     assert_eq!(assert_credential(&same_caller(), V1).token, "file-token-1");
     let logs = broker.logs();
@@ -266,7 +427,8 @@ fn a_file_not_rotated_yet_is_served_again_and_reported() {
     );
     assert!(!logs.contains("file-token-1"), "{logs}");
     let e = entry(&broker);
-    assert_eq!(e["suspectedRejections"], "1", "{e}");
+    assert_eq!(e["reasks"], "1", "{e}");
+    assert_eq!(e["confirmedRejections"], "1", "{e}");
     assert_eq!(e["rejectedCredentialReturned"], true, "{e}");
     // Rotated (another size, so another version even within the same mtime tick): what
     // fixes it. The same caller asking again gets the new file at once.
@@ -294,7 +456,7 @@ fn callers_that_do_not_say_who_they_are_are_served_as_before() {
         assert!(out.status.success(), "{}", describe(&out));
     }
     assert_eq!(plugin.runs(), 1);
-    assert!(!broker.logs().contains("suspected rejection"));
+    assert!(!broker.logs().contains("re-ask"));
     // A caller that is not of its fixed form is refused, naming the field.
     let out = grpcurl(
         broker.socket(),

@@ -1,5 +1,7 @@
 //! One way to reach an upstream, for every provider that calls one over HTTPS (aws, gcp,
-//! azure) or reports a library's error (kubernetesSecret and `credbroker health` too):
+//! azure), for the re-ask check that asks a cluster's API server ([`crate::review`], which
+//! takes the trust roots from here when a request brings no CA data), or that reports a
+//! library's error (kubernetesSecret and `credbroker health` too):
 //!
 //! - **Trust roots** ([`trust_roots`]): the system store ∪ `SSL_CERT_FILE` ∪ `SSL_CERT_DIR`,
 //!   always. The variables add CAs (a TLS-inspecting proxy's, a private endpoint's, a test
@@ -11,7 +13,6 @@
 //!   client (its signing and retries live there) and takes its roots from [`trust_roots`].
 //! - **Error chains** ([`error_chain`]): a library error and its causes on one line.
 
-#[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
 pub use roots::{CertEnv, Origin, RootsProblem, TrustRoots, trust_roots};
 
 #[cfg(any(feature = "gcp", feature = "azure"))]
@@ -36,7 +37,6 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-#[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
 mod roots {
     use std::ffi::OsString;
     use std::fmt;
@@ -280,7 +280,6 @@ mod tests {
     /// clients all take their roots from here): the variables extend the system store, a
     /// file and a directory add the same roots, and what cannot be used is reported with
     /// its path instead of breaking the rest.
-    #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
     #[test]
     fn ssl_cert_file_and_dir_extend_the_system_store() {
         use base64::Engine as _;

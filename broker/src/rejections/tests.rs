@@ -1,4 +1,4 @@
-//! The rules of suspected rejections on paused time.
+//! The rules of re-asks and rejections on paused time.
 
 use std::time::{Duration, SystemTime};
 
@@ -11,20 +11,44 @@ fn digest(token: &str) -> CredentialDigest {
     CredentialDigest::of(&Credential::token(token, SystemTime::now()))
 }
 
+/// What the cache makes of a request when every check answers 401 (or cannot be made): the
+/// rules of the forced refreshes, apart from how the answer was had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judged {
+    Serve,
+    Superseded,
+    Refresh,
+    Hold { next_in: Duration },
+}
+
+impl Memory {
+    fn check(&mut self, caller: &CallerId, now: Instant, current: CredentialDigest) -> Judged {
+        match self.reask(caller, now, current) {
+            Reask::No => Judged::Serve,
+            Reask::Superseded => Judged::Superseded,
+            Reask::Held => match self.answered(now, current, &Answer::Rejected) {
+                Some(Verdict::Refresh) => Judged::Refresh,
+                Some(Verdict::Hold { next_in }) => Judged::Hold { next_in },
+                None => unreachable!("a rejection always has a verdict"),
+            },
+        }
+    }
+}
+
 const HOUR: Duration = Duration::from_secs(3600);
 
 #[tokio::test(start_paused = true)]
-async fn a_re_ask_before_the_come_back_time_is_a_suspected_rejection() {
+async fn a_re_ask_before_the_come_back_time_rejected_refreshes() {
     let mut m = Memory::default();
     let caller = CallerId::new(100, 7, 1);
     let t0 = digest("t0");
     let now = Instant::now();
-    assert_eq!(m.check(&caller, now, t0), Verdict::Serve, "a new caller");
+    assert_eq!(m.check(&caller, now, t0), Judged::Serve, "a new caller");
     m.served(caller, now, now + HOUR, t0);
     tokio::time::advance(Duration::from_secs(10)).await;
-    assert_eq!(m.check(&caller, Instant::now(), t0), Verdict::Refresh);
-    assert_eq!(m.info().count, 1);
-    assert!(m.info().last_at.is_some());
+    assert_eq!(m.check(&caller, Instant::now(), t0), Judged::Refresh);
+    assert_eq!(m.info().reasks, 1);
+    assert!(m.info().last_reask.is_some());
 }
 
 #[tokio::test(start_paused = true)]
@@ -37,12 +61,12 @@ async fn asking_at_or_after_the_come_back_time_is_on_time() {
     tokio::time::advance(Duration::from_secs(59)).await;
     assert_eq!(
         m.check(&caller, Instant::now(), t0),
-        Verdict::Serve,
+        Judged::Serve,
         "within the slack of the come-back time"
     );
     tokio::time::advance(Duration::from_secs(5)).await;
-    assert_eq!(m.check(&caller, Instant::now(), t0), Verdict::Serve);
-    assert_eq!(m.info().count, 0);
+    assert_eq!(m.check(&caller, Instant::now(), t0), Judged::Serve);
+    assert_eq!(m.info().reasks, 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -58,9 +82,9 @@ async fn another_process_or_a_reused_pid_or_another_config_is_a_new_caller() {
         // The same process for another exec config or cluster.
         CallerId::new(100, 7, 2),
     ] {
-        assert_eq!(m.check(&other, now, t0), Verdict::Serve, "{other:?}");
+        assert_eq!(m.check(&other, now, t0), Judged::Serve, "{other:?}");
     }
-    assert_eq!(m.info().count, 0);
+    assert_eq!(m.info().reasks, 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -71,12 +95,12 @@ async fn a_re_ask_for_a_credential_already_replaced_fetches_nothing() {
     let now = Instant::now();
     m.served(a, now, now + HOUR, t0);
     m.served(b, now, now + HOUR, t0);
-    assert_eq!(m.check(&a, now, t0), Verdict::Refresh);
+    assert_eq!(m.check(&a, now, t0), Judged::Refresh);
     assert_eq!(m.fetched(t1), Some(false));
     m.served(a, now, now + HOUR, t1);
     // b was rejected too, and asks after the fetch: the new credential is served.
-    assert_eq!(m.check(&b, now, t1), Verdict::Superseded);
-    assert_eq!(m.info().count, 2);
+    assert_eq!(m.check(&b, now, t1), Judged::Superseded);
+    assert_eq!(m.info().reasks, 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -93,13 +117,13 @@ async fn forced_refreshes_are_bounded_and_back_off_while_rejected_again() {
         tokio::time::advance(Duration::from_secs(5)).await;
         let now = Instant::now();
         match m.check(&caller, now, current) {
-            Verdict::Refresh => {
+            Judged::Refresh => {
                 fetches += 1;
                 refreshes_at.push((now - start).as_secs());
                 current = digest(&format!("t{fetches}"));
                 assert_eq!(m.fetched(current), Some(false));
             }
-            Verdict::Hold { next_in } => {
+            Judged::Hold { next_in } => {
                 assert!(next_in <= MAX_FORCED_REFRESH_INTERVAL, "{next_in:?}");
             }
             v => panic!("unexpected {v:?}"),
@@ -112,7 +136,7 @@ async fn forced_refreshes_are_bounded_and_back_off_while_rejected_again() {
         [5, 35, 95, 215, 455, 935, 1535, 2135, 2735, 3335],
         "{refreshes_at:?}"
     );
-    assert_eq!(m.info().count, 720);
+    assert_eq!(m.info().reasks, 720);
 }
 
 #[tokio::test(start_paused = true)]
@@ -122,14 +146,14 @@ async fn the_same_credential_back_is_reported_and_not_fetched_in_a_loop() {
     let t0 = digest("t0");
     let now = Instant::now();
     m.served(caller, now, now + HOUR, t0);
-    assert_eq!(m.check(&caller, now, t0), Verdict::Refresh);
+    assert_eq!(m.check(&caller, now, t0), Judged::Refresh);
     assert_eq!(m.fetched(t0), Some(true), "the file was not rotated yet");
     assert!(m.info().returned_rejected);
     m.served(caller, now, now + HOUR, t0);
     tokio::time::advance(Duration::from_secs(1)).await;
     assert!(matches!(
         m.check(&caller, Instant::now(), t0),
-        Verdict::Hold { .. }
+        Judged::Hold { .. }
     ));
     // Rotated: a refresh (not forced) brings another credential; the flag clears.
     assert_eq!(m.fetched(digest("t1")), None);
@@ -146,7 +170,7 @@ async fn a_new_credential_rejected_starts_a_new_episode() {
     let mut at = now;
     for i in 1..=3 {
         m.served(caller, at, at + HOUR, current);
-        assert_eq!(m.check(&caller, at, current), Verdict::Refresh, "{i}");
+        assert_eq!(m.check(&caller, at, current), Judged::Refresh, "{i}");
         current = digest(&format!("t{i}"));
         m.fetched(current);
         at += interval(i - 1);
@@ -158,7 +182,7 @@ async fn a_new_credential_rejected_starts_a_new_episode() {
     let last = at - interval(2);
     m.served(caller, last, last + HOUR, t9);
     tokio::time::advance(last + FORCED_REFRESH_INTERVAL - Instant::now()).await;
-    assert_eq!(m.check(&caller, Instant::now(), t9), Verdict::Refresh);
+    assert_eq!(m.check(&caller, Instant::now(), t9), Judged::Refresh);
 }
 
 #[tokio::test(start_paused = true)]
@@ -185,10 +209,10 @@ async fn the_caller_set_is_bounded_and_forgets_the_oldest_first() {
     let want: Vec<u32> = (2 + many - MAX_CALLERS_PER_ENTRY as u32..2 + many).collect();
     assert_eq!(pids, want, "the most recently served are kept");
     // A forgotten caller is a new caller again; a remembered one is not.
-    assert_eq!(m.check(&CallerId::new(2, 1, 0), now, t0), Verdict::Serve);
+    assert_eq!(m.check(&CallerId::new(2, 1, 0), now, t0), Judged::Serve);
     assert_eq!(
         m.check(&CallerId::new(1 + many, 1, 0), now, t0),
-        Verdict::Refresh
+        Judged::Refresh
     );
     // Serving a remembered caller again moves it to the back, it is not duplicated.
     m.served(CallerId::new(want[0], 1, 0), now, now + HOUR, t0);
@@ -253,13 +277,33 @@ mod through_the_cache {
     use super::CallerId;
     use crate::cache::{Cache, CacheKey, CacheObserver, CacheSettings, Outcome, Served};
     use crate::providers::fake::FakeProvider;
-    use crate::providers::{CredentialSecret, Provider, ProviderError};
+    use crate::providers::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError};
     use crate::request::{ClusterInfo, TokenRequest};
+    use crate::review::{Answer, CredentialCheck};
 
     const HOUR: Duration = Duration::from_secs(3600);
 
+    /// Checks re-asks reported, by answer.
     #[derive(Default)]
-    struct Counted(AtomicUsize);
+    struct Counted(AtomicUsize, std::sync::Mutex<Vec<&'static str>>);
+
+    /// An API server that answers every check as told, after 10 ms.
+    struct Scripted {
+        answer: std::sync::Mutex<Answer>,
+        calls: AtomicUsize,
+    }
+
+    impl CredentialCheck for Scripted {
+        fn check(&self, cluster: Option<&ClusterInfo>, _: &Credential) -> BoxFuture<'_, Answer> {
+            assert_eq!(cluster.map(|c| c.server.as_str()), Some("https://a"));
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let answer = self.answer.lock().unwrap().clone();
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                answer
+            })
+        }
+    }
 
     impl CacheObserver for Counted {
         fn upstream_call(
@@ -270,9 +314,10 @@ mod through_the_cache {
             _: bool,
         ) {
         }
-        fn suspected_rejection(&self, provider: &str) {
+        fn reask_checked(&self, provider: &str, answer: &Answer) {
             assert_eq!(provider, "fake");
             self.0.fetch_add(1, Ordering::SeqCst);
+            self.1.lock().unwrap().push(answer.label());
         }
     }
 
@@ -281,23 +326,31 @@ mod through_the_cache {
         fake: Arc<FakeProvider>,
         provider: Arc<dyn Provider>,
         seen: Arc<Counted>,
+        server: Arc<Scripted>,
     }
 
+    /// Every check answers 401 unless told otherwise.
     fn world() -> World {
         let fake = Arc::new(FakeProvider::new(HOUR));
         let seen = Arc::new(Counted::default());
+        let server = Arc::new(Scripted {
+            answer: std::sync::Mutex::new(Answer::Rejected),
+            calls: AtomicUsize::new(0),
+        });
         let cache = Cache::new(CacheSettings {
             max_entries: 100,
             idle_timeout: 2 * HOUR,
             upstream_timeout: crate::cache::UPSTREAM_TIMEOUT,
             max_concurrent_fetches: 4,
         })
-        .with_observer(seen.clone());
+        .with_observer(seen.clone())
+        .with_checker(server.clone());
         World {
             cache: Arc::new(cache),
             provider: fake.clone(),
             fake,
             seen,
+            server,
         }
     }
 
@@ -325,7 +378,13 @@ mod through_the_cache {
                 .unwrap()
         }
         fn rejections(&self) -> super::RejectionInfo {
-            self.cache.entries()[0].rejections
+            self.cache.entries()[0].rejections.clone()
+        }
+        fn answer(&self, answer: Answer) {
+            *self.server.answer.lock().unwrap() = answer;
+        }
+        fn checks(&self) -> usize {
+            self.server.calls.load(Ordering::SeqCst)
         }
     }
 
@@ -349,13 +408,19 @@ mod through_the_cache {
         assert_eq!(token(&w.ask(None).await), "fake-a-1");
         assert_eq!(token(&w.ask(None).await), "fake-a-1");
         assert_eq!(w.fake.calls(), 1);
-        // The first caller asks again long before its come-back time: rejected.
+        assert_eq!(w.checks(), 0, "no re-ask, no check");
+        // The first caller asks again long before its come-back time: the API server
+        // answers 401, the caller joins the fetch that starts.
         tokio::time::advance(Duration::from_secs(10)).await;
         let again = w.ask(Some(kueue)).await;
-        assert_eq!((token(&again), again.outcome), ("fake-a-2", Outcome::Miss));
+        assert_eq!(
+            (token(&again), again.outcome),
+            ("fake-a-2", Outcome::Joined)
+        );
         assert_eq!(w.fake.calls(), 2);
         assert_eq!(w.seen.0.load(Ordering::SeqCst), 1);
-        assert_eq!(w.rejections().count, 1);
+        assert_eq!(w.rejections().reasks, 1);
+        assert_eq!(w.rejections().confirmed, 1);
         // Asked again at once: rejected again, but a forced refresh ran less than 30 s ago.
         let held = w.ask(Some(kueue)).await;
         assert_eq!((token(&held), held.outcome), ("fake-a-2", Outcome::Hit));
@@ -368,8 +433,12 @@ mod through_the_cache {
         let other = w.ask(Some(CallerId::new(11, 1, 1))).await;
         assert_eq!(token(&other), "fake-a-3");
         assert_eq!(w.fake.calls(), 3);
-        assert_eq!(w.rejections().count, 4);
-        assert_eq!(w.seen.0.load(Ordering::SeqCst), 4);
+        assert_eq!(w.rejections().reasks, 4);
+        // That one needed no check: three checks, each a confirmed rejection.
+        assert_eq!(w.seen.0.load(Ordering::SeqCst), 3);
+        assert_eq!(w.checks(), 3);
+        assert_eq!(w.rejections().confirmed, 3);
+        assert_eq!(*w.seen.1.lock().unwrap(), ["rejected"; 3]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -380,7 +449,7 @@ mod through_the_cache {
         let reused = w.ask(Some(CallerId::new(10, 2, 1))).await;
         assert_eq!(reused.outcome, Outcome::Hit);
         assert_eq!(w.fake.calls(), 1);
-        assert_eq!(w.rejections().count, 0);
+        assert_eq!(w.rejections().reasks, 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -407,6 +476,11 @@ mod through_the_cache {
             assert_eq!(token(&served), "fake-a-2");
         }
         assert_eq!(w.fake.calls(), 2);
+        assert_eq!(
+            w.checks(),
+            1,
+            "one check for every re-ask about one credential"
+        );
         // And a re-ask joins a background refresh that is already running.
         let w2 = world();
         w2.fake.set_delay(Duration::from_secs(2));
@@ -442,7 +516,7 @@ mod through_the_cache {
         assert_eq!(w.fake.calls(), 3);
         let info = w.rejections();
         assert!(info.returned_rejected);
-        assert_eq!(info.count, 50);
+        assert_eq!(info.reasks, 50);
     }
 
     #[tokio::test(start_paused = true)]
@@ -459,5 +533,125 @@ mod through_the_cache {
             ("fake-a-1", Outcome::Stale)
         );
         assert_eq!(w.fake.calls(), 2);
+    }
+
+    /// The false alarm this check exists for: a process with a second authenticator for the
+    /// cluster (or any client-go re-ask without a 401) asks again while the credential is
+    /// fine. The server accepts it: no fetch, no rejection, whatever the number of re-asks.
+    #[tokio::test(start_paused = true)]
+    async fn an_accepted_re_ask_is_served_from_the_cache() {
+        let w = world();
+        w.answer(Answer::Accepted(201));
+        let kueue = CallerId::new(10, 1, 1);
+        w.ask(Some(kueue)).await;
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_secs(3)).await;
+            let served = w.ask(Some(kueue)).await;
+            assert_eq!((token(&served), served.outcome), ("fake-a-1", Outcome::Hit));
+        }
+        assert_eq!(w.fake.calls(), 1);
+        let info = w.rejections();
+        assert_eq!((info.reasks, info.confirmed), (20, 0));
+        assert_eq!(info.last_answer, Some(Answer::Accepted(201)));
+        assert!(info.last_confirmed.is_none());
+        assert_eq!(w.checks(), 20);
+        assert_eq!(*w.seen.1.lock().unwrap(), ["accepted"; 20]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_stands_briefly_for_re_asks_about_the_same_credential() {
+        let w = world();
+        w.answer(Answer::Accepted(201));
+        let callers: Vec<CallerId> = (10..15).map(|pid| CallerId::new(pid, 1, 1)).collect();
+        for c in &callers {
+            w.ask(Some(*c)).await;
+        }
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // A burst of re-asks within CHECK_REUSE: one check.
+        for c in &callers {
+            assert_eq!(w.ask(Some(*c)).await.outcome, Outcome::Hit);
+        }
+        assert_eq!(w.checks(), 1);
+        // Past it, the next re-ask is checked again: now rejected.
+        tokio::time::advance(crate::cache::CHECK_REUSE).await;
+        w.answer(Answer::Rejected);
+        assert_eq!(token(&w.ask(Some(callers[0])).await), "fake-a-2");
+        assert_eq!((w.checks(), w.fake.calls()), (2, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_server_leaves_the_held_credential_in_service() {
+        let w = world();
+        w.answer(Answer::Unreachable("connection refused".into()));
+        let c = CallerId::new(10, 1, 1);
+        w.ask(Some(c)).await;
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_secs(5)).await;
+            assert_eq!(token(&w.ask(Some(c)).await), "fake-a-1");
+        }
+        assert_eq!(w.fake.calls(), 1);
+        assert_eq!(w.rejections().confirmed, 0);
+        assert_eq!(*w.seen.1.lock().unwrap(), ["unreachable"; 5]);
+    }
+
+    /// A caller that makes up re-asks (a forged `caller`) while the credential is fine makes
+    /// checks, never a forced refresh, so it cannot start or stretch the forced-refresh
+    /// interval: when the credential is revoked, the genuine re-ask fetches at once.
+    #[tokio::test(start_paused = true)]
+    async fn forged_re_asks_cannot_delay_a_real_recovery() {
+        let w = world();
+        w.answer(Answer::Accepted(201));
+        let (forger, kueue) = (CallerId::new(66, 6, 6), CallerId::new(10, 1, 1));
+        w.ask(Some(kueue)).await;
+        w.ask(Some(forger)).await;
+        for _ in 0..100 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            w.ask(Some(forger)).await;
+        }
+        assert_eq!(w.fake.calls(), 1, "accepted re-asks fetch nothing");
+        w.answer(Answer::Rejected);
+        tokio::time::advance(crate::cache::CHECK_REUSE).await;
+        assert_eq!(token(&w.ask(Some(kueue)).await), "fake-a-2");
+        assert_eq!(w.fake.calls(), 2);
+    }
+
+    /// A request without the cluster (no `provideClusterInfo: true`) cannot be checked: the
+    /// re-ask is taken as a rejection, within the same bounds, as before checks existed.
+    #[tokio::test(start_paused = true)]
+    async fn a_re_ask_without_a_cluster_is_taken_as_a_rejection() {
+        let fake = Arc::new(FakeProvider::new(HOUR));
+        let provider: Arc<dyn Provider> = fake.clone();
+        let seen = Arc::new(Counted::default());
+        // The real check, which says why it cannot check.
+        let cache = Cache::new(CacheSettings {
+            max_entries: 100,
+            idle_timeout: 2 * HOUR,
+            upstream_timeout: crate::cache::UPSTREAM_TIMEOUT,
+            max_concurrent_fetches: 4,
+        })
+        .with_observer(seen.clone());
+        let req = TokenRequest {
+            provider: "fake".into(),
+            cluster: None,
+            interactive: false,
+        };
+        let target = provider.resolve(&req).unwrap();
+        let c = CallerId::new(10, 1, 1);
+        let ask = || cache.get_for(&provider, &req, &target, Some(&c));
+        ask().await.unwrap();
+        tokio::time::advance(Duration::from_secs(10)).await;
+        ask().await.unwrap();
+        assert_eq!(fake.calls(), 2);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        ask().await.unwrap();
+        assert_eq!(fake.calls(), 2, "bounded: 30 s between forced refreshes");
+        assert_eq!(*seen.1.lock().unwrap(), ["unchecked"; 2]);
+        let info = cache.entries()[0].rejections.clone();
+        assert_eq!(info.confirmed, 0, "not confirmed");
+        assert!(
+            matches!(&info.last_answer, Some(Answer::Unchecked(why)) if why.contains("provideClusterInfo")),
+            "{:?}",
+            info.last_answer
+        );
     }
 }

@@ -1,5 +1,9 @@
-//! A Kubernetes API server stand-in for kubectl: answers any path with 200 and a small JSON
-//! body when the bearer token is one it accepts, else 401 like the real one.
+//! A Kubernetes API server stand-in for kubectl: 401 for a bearer token it does not accept,
+//! like the real one (authentication comes before everything); for one it accepts, what a
+//! real server answers on the paths kubectl and the broker use: `/version`, `/api`, `/apis`,
+//! `/api/v1` and an empty pod list in `default`, a SelfSubjectReview (201) on
+//! `POST /apis/authentication.k8s.io/v1/selfsubjectreviews` (the broker's re-ask check), and
+//! 200 with a small JSON body anywhere else.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -27,9 +31,20 @@ pub struct FakeApiServer {
     accepted: Arc<Mutex<HashSet<String>>>,
 }
 
+/// The version [`FakeApiServer::start`] reports: the real kube-apiserver the suite pins.
+pub const FAKE_SERVER_MINOR: u32 = 36;
+
 impl FakeApiServer {
-    /// Starts a server accepting exactly `accepted` bearer tokens.
+    /// Starts a server accepting exactly `accepted` bearer tokens, reporting Kubernetes
+    /// 1.[`FAKE_SERVER_MINOR`].
     pub fn start(accepted: &[&str]) -> FakeApiServer {
+        Self::start_at(accepted, FAKE_SERVER_MINOR)
+    }
+
+    /// [`FakeApiServer::start`] reporting Kubernetes `1.<minor>` on `/version`: the Google
+    /// Cloud SDK's `kubectl` dispatcher re-executes itself as `kubectl.1.<minor>` when it
+    /// has that version, as it does against a real cluster of that version.
+    pub fn start_at(accepted: &[&str], minor: u32) -> FakeApiServer {
         let accepted: Arc<Mutex<HashSet<String>>> = Arc::new(Mutex::new(
             accepted.iter().map(|t| (*t).to_owned()).collect(),
         ));
@@ -39,10 +54,7 @@ impl FakeApiServer {
                 .bearer()
                 .is_some_and(|t| tokens.lock().expect("lock").contains(t));
             if ok {
-                Reply::json(
-                    200,
-                    &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}),
-                )
+                answer(req, minor)
             } else {
                 Reply::json(
                     401,
@@ -87,11 +99,58 @@ impl FakeApiServer {
             .collect()
     }
 
+    /// The broker's re-ask checks so far: each SelfSubjectReview and the status answered.
+    pub fn reviews(&self) -> Vec<SeenRequest> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.path == REVIEW_PATH)
+            .collect()
+    }
+
     /// Every bearer token seen so far (in order, with repeats).
     pub fn seen_tokens(&self) -> Vec<String> {
         self.requests()
             .into_iter()
             .filter_map(|r| r.token)
             .collect()
+    }
+}
+
+const REVIEW_PATH: &str = "/apis/authentication.k8s.io/v1/selfsubjectreviews";
+
+/// A real server's answer for an authenticated request, on the paths kubectl uses.
+fn answer(req: &Seen, minor: u32) -> Reply {
+    match (req.method.as_str(), req.path.as_str()) {
+        ("POST", REVIEW_PATH) => Reply::json(
+            201,
+            &json!({"kind": "SelfSubjectReview", "apiVersion": "authentication.k8s.io/v1",
+                    "metadata": {"creationTimestamp": null},
+                    "status": {"userInfo": {"username": "fake-user", "groups": ["system:authenticated"]}}}),
+        ),
+        (_, "/version") => Reply::json(
+            200,
+            &json!({"major": "1", "minor": minor.to_string(), "gitVersion": format!("v1.{minor}.3"),
+                    "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+                    "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.26.8", "compiler": "gc",
+                    "platform": "linux/amd64"}),
+        ),
+        (_, "/apis") => Reply::json(
+            200,
+            &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}),
+        ),
+        (_, "/api/v1") => Reply::json(
+            200,
+            &json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "v1",
+                    "resources": [{"name": "pods", "singularName": "pod", "namespaced": true,
+                                   "kind": "Pod", "verbs": ["get", "list"], "shortNames": ["po"]}]}),
+        ),
+        (_, "/api/v1/namespaces/default/pods") => Reply::json(
+            200,
+            &json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": []}),
+        ),
+        _ => Reply::json(
+            200,
+            &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}),
+        ),
     }
 }

@@ -1,0 +1,494 @@
+//! Asks a cluster's API server whether it still accepts a credential, before the broker
+//! treats a caller's re-ask as a rejection (see [`crate::rejections`]).
+//!
+//! A caller asking again before its come-back time is client-go after a 401, or just as well
+//! a process that built a second authenticator for the same cluster (Kueue rebuilding its
+//! clients, any program with two clientsets). Guessing between them either fetches anew for
+//! nothing (a false alarm, an upstream call) or leaves a revoked token in service; asking the
+//! server settles it. The request carries what client-go connects with (server, CA data,
+//! `tls-server-name`, `insecure-skip-tls-verify`, `proxy-url`), so the credential goes only
+//! to the server client-go is about to send it to, verified as client-go verifies it:
+//!
+//! - **What is sent**: `POST <server>/apis/authentication.k8s.io/v1/selfsubjectreviews`
+//!   with the credential (a bearer token, or the client certificate in the TLS handshake).
+//!   Any authenticated user may create one (`system:basic-user`); an API server authenticates
+//!   before it authorizes or routes, so **401 is the only answer that means rejected**: 201,
+//!   403 (authenticated, not allowed), 404 (a server before 1.28), 429 (priority and
+//!   fairness, after authentication) all mean the credential is accepted.
+//! - **Trust**: the request's CA data and nothing else when it has some (client-go's rule),
+//!   else the broker's trust roots (the system store with `SSL_CERT_FILE`/`SSL_CERT_DIR`).
+//!   The certificate is verified against `tls-server-name` when the request names one, else
+//!   the server's host. Verification is skipped only when the request itself says
+//!   `insecure-skip-tls-verify`. Redirects are not followed.
+//! - **Route**: the request's `proxy-url` when it has one (http, https or socks5, as
+//!   client-go), else the broker's `HTTPS_PROXY`/`NO_PROXY` (the sidecar shares the pod's
+//!   network and should share Kueue's proxy settings).
+//! - **Bounds**: [`CHECK_TIMEOUT`] per check, at most [`MAX_CONCURRENT_CHECKS`] at once; the
+//!   cache runs one check per entry at a time and reuses an answer briefly
+//!   ([`crate::cache::CHECK_REUSE`]).
+//!
+//! A check that cannot reach the server ([`Answer::Unreachable`]) leaves the held credential
+//! in service: client-go cannot reach that server either. A request that cannot be checked at
+//! all ([`Answer::Unchecked`]: no cluster in it because the kubeconfig lacks
+//! `provideClusterInfo: true`, a server that is not https) keeps the rule from before checks
+//! existed: the re-ask is taken as a rejection, within the forced-refresh bounds.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::sync::Semaphore;
+
+use crate::providers::upstream::{CertEnv, error_chain, trust_roots};
+use crate::providers::{BoxFuture, Credential, CredentialSecret};
+use crate::request::ClusterInfo;
+
+/// The path every API server since 1.28 serves to any authenticated user (GA in 1.28,
+/// `authentication.k8s.io/v1`); older servers answer 404 after authenticating, which counts
+/// as accepted.
+pub const REVIEW_PATH: &str = "/apis/authentication.k8s.io/v1/selfsubjectreviews";
+/// The body: a SelfSubjectReview has no spec.
+const REVIEW_BODY: &str = r#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#;
+/// One check, connection and TLS handshake included. A re-asking caller waits for it, and a
+/// forced fetch (at most the 20 s upstream timeout) must still fit in the shim's default 30 s
+/// after it; an API server that has not answered a tiny POST in 5 s is as good as unreachable
+/// for the client-go waiting behind it (Go's TLS handshake timeout is 10 s).
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Checks running at once across all entries: each is one short connection; a fleet whose
+/// every cluster re-asks at once (a client rebuilt for 1 000 clusters) waits in turn rather
+/// than opening a thousand connections. A check that waits past [`CHECK_TIMEOUT`] for its
+/// turn counts as unreachable.
+pub const MAX_CONCURRENT_CHECKS: usize = 16;
+
+/// What the API server said of the credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Authenticated: any status but 401 from the server (201, 403, 404, 429, …).
+    Accepted(u16),
+    /// 401: the server no longer accepts the credential.
+    Rejected,
+    /// The server could not be asked (connection, TLS, timeout, a 5xx from something in
+    /// front of it); why, on one line, never the credential.
+    Unreachable(String),
+    /// This request cannot be checked; why.
+    Unchecked(String),
+}
+
+impl Answer {
+    /// Whether the cache treats the re-ask as a rejection (fetching anew within its bounds).
+    pub fn forces_refresh(&self) -> bool {
+        matches!(self, Self::Rejected | Self::Unchecked(_))
+    }
+
+    /// The `answer` label of `credbroker_reasks_total` and what ListEntries shows.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Accepted(_) => "accepted",
+            Self::Rejected => "rejected",
+            Self::Unreachable(_) => "unreachable",
+            Self::Unchecked(_) => "unchecked",
+        }
+    }
+
+    /// One line for ListEntries: the label, and the status or the reason.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Accepted(status) => format!("accepted ({status})"),
+            Self::Rejected => "rejected (401)".to_owned(),
+            Self::Unreachable(why) => format!("unreachable: {}", crate::text::quote(why)),
+            Self::Unchecked(why) => format!("unchecked: {}", crate::text::quote(why)),
+        }
+    }
+}
+
+/// Asks whether a credential is still accepted for the cluster a request describes. The
+/// cache holds one; tests give it a scripted one.
+pub trait CredentialCheck: Send + Sync {
+    fn check(
+        &self,
+        cluster: Option<&ClusterInfo>,
+        credential: &Credential,
+    ) -> BoxFuture<'_, Answer>;
+}
+
+/// The real check: a SelfSubjectReview to the request's API server.
+pub struct ApiServerCheck {
+    provider: Arc<CryptoProvider>,
+    /// The broker's trust roots, read at the first check that needs them.
+    roots: OnceLock<Arc<RootCertStore>>,
+    permits: Semaphore,
+}
+
+impl std::fmt::Debug for ApiServerCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiServerCheck").finish_non_exhaustive()
+    }
+}
+
+impl Default for ApiServerCheck {
+    fn default() -> Self {
+        Self {
+            provider: Arc::new(rustls::crypto::aws_lc_rs::default_provider()),
+            roots: OnceLock::new(),
+            permits: Semaphore::new(MAX_CONCURRENT_CHECKS),
+        }
+    }
+}
+
+impl CredentialCheck for ApiServerCheck {
+    fn check(
+        &self,
+        cluster: Option<&ClusterInfo>,
+        credential: &Credential,
+    ) -> BoxFuture<'_, Answer> {
+        let prepared = cluster
+            .ok_or_else(|| {
+                Answer::Unchecked(
+                    "the request carries no cluster (the kubeconfig's exec user lacks provideClusterInfo: true)"
+                        .to_owned(),
+                )
+            })
+            .and_then(|c| self.client(c, credential));
+        Box::pin(async move {
+            let (client, url, token) = match prepared {
+                Ok(p) => p,
+                Err(answer) => return answer,
+            };
+            let ask = async {
+                let _permit = self.permits.acquire().await;
+                let mut post = client
+                    .post(url)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .header(http::header::ACCEPT, "application/json")
+                    .body(REVIEW_BODY);
+                if let Some(token) = token {
+                    post = post.bearer_auth(token);
+                }
+                post.send().await
+            };
+            match tokio::time::timeout(CHECK_TIMEOUT, ask).await {
+                Err(_) => {
+                    Answer::Unreachable(format!("no answer within {}s", CHECK_TIMEOUT.as_secs()))
+                }
+                Ok(Err(e)) => Answer::Unreachable(error_chain(&e)),
+                Ok(Ok(response)) => classify(response.status().as_u16()),
+            }
+        })
+    }
+}
+
+/// 401 is the one rejection; a 5xx or a redirect comes from something in front of the
+/// server (a load balancer with no backend) or a server in trouble, before or without
+/// authentication: it says nothing of the credential.
+fn classify(status: u16) -> Answer {
+    match status {
+        401 => Answer::Rejected,
+        200..=299 | 400..=499 => Answer::Accepted(status),
+        _ => Answer::Unreachable(format!("the server answered {status}")),
+    }
+}
+
+/// The client, the review's URL, and the bearer token (none for a client certificate).
+type Prepared = (reqwest::Client, reqwest::Url, Option<String>);
+
+impl ApiServerCheck {
+    /// A one-off client for this cluster and credential: a check is rare (re-asks only) and
+    /// each cluster has its own trust, name and route. A request client-go could not have
+    /// sent from a working kubeconfig (a server that is not https: client-go runs exec
+    /// plugins only for https) cannot be checked; a cluster entry client-go could not connect
+    /// with (CA data, name or proxy it refuses) is unreachable for client-go too.
+    fn client(&self, cluster: &ClusterInfo, credential: &Credential) -> Result<Prepared, Answer> {
+        let unchecked = |why: &str| Answer::Unchecked(why.to_owned());
+        let server = reqwest::Url::parse(&cluster.server)
+            .map_err(|e| Answer::Unchecked(format!("the cluster's server is not a URL ({e})")))?;
+        if server.scheme() != "https" {
+            return Err(unchecked("the cluster's server is not https"));
+        }
+        let Some(host) = server.host_str() else {
+            return Err(unchecked("the cluster's server names no host"));
+        };
+        let url = server
+            .join(&format!(
+                "{}{REVIEW_PATH}",
+                server.path().trim_end_matches('/')
+            ))
+            .map_err(|e| Answer::Unchecked(format!("the cluster's server is not a URL ({e})")))?;
+        let (client, token) = self
+            .client_for(cluster, credential, host)
+            .map_err(Answer::Unreachable)?;
+        Ok((client, url, token))
+    }
+
+    fn client_for(
+        &self,
+        cluster: &ClusterInfo,
+        credential: &Credential,
+        host: &str,
+    ) -> Result<(reqwest::Client, Option<String>), String> {
+        let name = if cluster.tls_server_name.is_empty() {
+            host.trim_start_matches('[').trim_end_matches(']')
+        } else {
+            cluster.tls_server_name.as_str()
+        };
+        let name = ServerName::try_from(name.to_owned())
+            .map_err(|_| "the cluster's tls-server-name is not a host name".to_owned())?;
+        let verifier: Arc<dyn ServerCertVerifier> = if cluster.insecure_skip_tls_verify {
+            Arc::new(Unverified(Arc::clone(&self.provider)))
+        } else {
+            let roots = if cluster.certificate_authority_data.is_empty() {
+                self.system_roots()
+            } else {
+                Arc::new(roots_from_pem(&cluster.certificate_authority_data)?)
+            };
+            let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                roots,
+                Arc::clone(&self.provider),
+            )
+            .build()
+            .map_err(|e| format!("the cluster's CA data cannot be used ({e})"))?;
+            Arc::new(Named { inner, name })
+        };
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&self.provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier);
+        let (tls, token) = match &credential.secret {
+            CredentialSecret::Token(t) => {
+                (builder.with_no_client_auth(), Some(t.expose().to_owned()))
+            }
+            CredentialSecret::ClientCertificate {
+                certificate_pem,
+                key_pem,
+            } => {
+                let chain = CertificateDer::pem_slice_iter(certificate_pem.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| "the client certificate is not PEM".to_owned())?;
+                let key = PrivateKeyDer::from_pem_slice(key_pem.expose().as_bytes())
+                    .map_err(|_| "the client key is not PEM".to_owned())?;
+                let tls = builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| format!("the client certificate cannot be used ({e})"))?;
+                (tls, None)
+            }
+        };
+        let mut client = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(CHECK_TIMEOUT)
+            .timeout(CHECK_TIMEOUT);
+        if !cluster.proxy_url.is_empty() {
+            // client-go's schemes (`proxy-url` in a kubeconfig).
+            let scheme = cluster.proxy_url.split_once("://").map(|(s, _)| s);
+            if !matches!(scheme, Some("http" | "https" | "socks5")) {
+                return Err("the cluster's proxy-url is not http, https or socks5".to_owned());
+            }
+            let proxy = reqwest::Proxy::all(&cluster.proxy_url)
+                .map_err(|e| format!("the cluster's proxy-url cannot be used ({e})"))?;
+            client = client.proxy(proxy);
+        }
+        let client = client
+            .build()
+            .map_err(|e| format!("no client for the cluster: {}", error_chain(&e)))?;
+        Ok((client, token))
+    }
+
+    fn system_roots(&self) -> Arc<RootCertStore> {
+        Arc::clone(self.roots.get_or_init(|| {
+            let roots = trust_roots(&CertEnv::from_process());
+            roots.log();
+            let mut store = RootCertStore::empty();
+            store.add_parsable_certificates(roots.certs);
+            Arc::new(store)
+        }))
+    }
+}
+
+/// The request's CA data (PEM), as client-go reads `certificate-authority-data`.
+fn roots_from_pem(pem: &[u8]) -> Result<RootCertStore, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| "the cluster's CA data is not PEM".to_owned())?;
+    let mut store = RootCertStore::empty();
+    let (added, _) = store.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err("the cluster's CA data holds no usable certificate".to_owned());
+    }
+    Ok(store)
+}
+
+/// WebPKI verification against a name of our choosing: client-go verifies the certificate
+/// against `tls-server-name` when the kubeconfig sets one, whatever host it connects to.
+#[derive(Debug)]
+struct Named {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ServerCertVerifier for Named {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _host: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.inner
+            .verify_server_cert(end_entity, intermediates, &self.name, ocsp, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// `insecure-skip-tls-verify: true`, only because the request says so (client-go's own
+/// rule): any certificate, but the handshake's signatures still checked.
+#[derive(Debug)]
+struct Unverified(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _host: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_401_is_a_rejection() {
+        assert_eq!(classify(401), Answer::Rejected);
+        for ok in [200, 201, 400, 403, 404, 405, 429] {
+            assert_eq!(classify(ok), Answer::Accepted(ok), "{ok}");
+        }
+        for unknown in [301, 302, 500, 502, 503, 504] {
+            assert!(
+                matches!(classify(unknown), Answer::Unreachable(_)),
+                "{unknown}"
+            );
+        }
+    }
+
+    fn cluster(server: &str) -> ClusterInfo {
+        ClusterInfo {
+            server: server.into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_that_cannot_be_checked_say_why() {
+        let check = ApiServerCheck::default();
+        let cred = Credential::token("t", std::time::SystemTime::now());
+        let unchecked = |a: Answer| match a {
+            Answer::Unchecked(why) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(unchecked(check.check(None, &cred).await).contains("provideClusterInfo"));
+        assert!(
+            unchecked(
+                check
+                    .check(Some(&cluster("http://127.0.0.1:1")), &cred)
+                    .await
+            )
+            .contains("not https")
+        );
+        assert!(
+            unchecked(check.check(Some(&cluster("not a url")), &cred).await).contains("not a URL")
+        );
+        // What client-go could not connect with either: unreachable, so the held credential
+        // stays in service.
+        let unreachable = |a: Answer| match a {
+            Answer::Unreachable(why) => why,
+            other => panic!("{other:?}"),
+        };
+        let mut bad_ca = cluster("https://127.0.0.1:1");
+        bad_ca.certificate_authority_data =
+            b"-----BEGIN CERTIFICATE-----\nbm8=\n-----END CERTIFICATE-----\n".to_vec();
+        assert!(unreachable(check.check(Some(&bad_ca), &cred).await).contains("CA data"));
+        let mut bad_proxy = cluster("https://127.0.0.1:1");
+        bad_proxy.proxy_url = "ftp://proxy".into();
+        assert!(unreachable(check.check(Some(&bad_proxy), &cred).await).contains("proxy-url"));
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_unreachable_and_names_no_credential() {
+        let check = ApiServerCheck::default();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let cred = Credential::token("very-secret-token", std::time::SystemTime::now());
+        let answer = check
+            .check(Some(&cluster(&format!("https://127.0.0.1:{port}"))), &cred)
+            .await;
+        match &answer {
+            Answer::Unreachable(why) => assert!(!why.contains("very-secret"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!answer.describe().contains("very-secret"));
+    }
+}
