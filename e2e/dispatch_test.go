@@ -288,3 +288,40 @@ func TestSharedIdentityFanOut(t *testing.T) {
 		t.Errorf("OK GetToken calls = %v, want at least %d (one per cluster)", c.OK, len(workers))
 	}
 }
+
+// TestShimErrorInCondition: a cluster whose credential source is missing never connects: its
+// MultiKueueCluster is Active=False with client-go's "exec: executable ... failed with exit
+// code 1", and the shim's one line (stderr, which client-go passes through) is in Kueue's log.
+func TestShimErrorInCondition(t *testing.T) {
+	ctx := context.Background()
+	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t), KueueConfig: kueueConfig(t)})
+	w, err := s.NewWorker("nocred-1", "onprem", fleet.Workers[0], map[string]any{"clusterName": "nocred-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateProfiles(ctx, "accessProviders", []*harness.Worker{w}); err != nil {
+		t.Fatal(err)
+	}
+	var st, reason, msg string
+	if err := harness.Poll(ctx, time.Minute, 250*time.Millisecond, func() (bool, error) {
+		st, reason, msg = s.ActiveCondition(ctx, w.Name)
+		return st == "False" && strings.Contains(msg, "credbroker-shim failed with exit code 1"), nil
+	}); err != nil {
+		t.Fatalf("MultiKueueCluster %s: Active=%q reason=%q message=%q; want False naming the shim: %v", w.Name, st, reason, msg, err)
+	}
+	t.Logf("%s: Active=%s reason=%s message=%q", w.Name, st, reason, msg)
+	var line string
+	if err := harness.Poll(ctx, 30*time.Second, 250*time.Millisecond, func() (bool, error) {
+		for _, l := range s.Kueue.LogLines("credbroker-shim: ") {
+			line = l
+			return true, nil
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("no credbroker-shim line in Kueue's log: %v", err)
+	}
+	t.Logf("Kueue's log: %s", line)
+	if !strings.Contains(line, "NOT_FOUND") {
+		t.Errorf("the shim's line does not say NOT_FOUND: %q", line)
+	}
+}
