@@ -20,9 +20,10 @@
 //!   The certificate is verified against `tls-server-name` when the request names one, else
 //!   the server's host. Verification is skipped only when the request itself says
 //!   `insecure-skip-tls-verify`. Redirects are not followed.
-//! - **Route**: the request's `proxy-url` when it has one (http, https or socks5, as
-//!   client-go), else the broker's `HTTPS_PROXY`/`NO_PROXY` (the sidecar shares the pod's
-//!   network and should share Kueue's proxy settings).
+//! - **Route**: never a proxy for a loopback server (Go's rule); else the request's
+//!   `proxy-url` when it has one (http, https or socks5, as client-go), else the broker's
+//!   `HTTPS_PROXY`/`NO_PROXY` (the sidecar shares the pod's network and should share Kueue's
+//!   proxy settings).
 //! - **Bounds**: [`CHECK_TIMEOUT`] per check, at most [`MAX_CONCURRENT_CHECKS`] at once; the
 //!   cache runs one check per entry at a time and reuses an answer briefly
 //!   ([`crate::cache::CHECK_REUSE`]).
@@ -281,7 +282,10 @@ impl ApiServerCheck {
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(CHECK_TIMEOUT)
             .timeout(CHECK_TIMEOUT);
-        if !cluster.proxy_url.is_empty() {
+        if is_loopback(host) {
+            // Go's ProxyFromEnvironment (client-go's default) never proxies loopback.
+            client = client.no_proxy();
+        } else if !cluster.proxy_url.is_empty() {
             // client-go's schemes (`proxy-url` in a kubeconfig).
             let scheme = cluster.proxy_url.split_once("://").map(|(s, _)| s);
             if !matches!(scheme, Some("http" | "https" | "socks5")) {
@@ -306,6 +310,15 @@ impl ApiServerCheck {
             Arc::new(store)
         }))
     }
+}
+
+/// `localhost` or a loopback address, as Go's `httpproxy` tells them.
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The request's CA data (PEM), as client-go reads `certificate-authority-data`.
@@ -470,9 +483,24 @@ mod tests {
         bad_ca.certificate_authority_data =
             b"-----BEGIN CERTIFICATE-----\nbm8=\n-----END CERTIFICATE-----\n".to_vec();
         assert!(unreachable(check.check(Some(&bad_ca), &cred).await).contains("CA data"));
-        let mut bad_proxy = cluster("https://127.0.0.1:1");
+        let mut bad_proxy = cluster("https://10.0.0.1:1");
         bad_proxy.proxy_url = "ftp://proxy".into();
         assert!(unreachable(check.check(Some(&bad_proxy), &cred).await).contains("proxy-url"));
+    }
+
+    #[test]
+    fn loopback_servers_are_never_proxied() {
+        for host in ["localhost", "LOCALHOST", "127.0.0.1", "127.9.9.9", "[::1]"] {
+            assert!(is_loopback(host), "{host}");
+        }
+        for host in [
+            "10.0.0.1",
+            "example.com",
+            "[2001:db8::1]",
+            "localhost.example",
+        ] {
+            assert!(!is_loopback(host), "{host}");
+        }
     }
 
     #[tokio::test]
