@@ -102,11 +102,18 @@ pub fn check(config: &ProviderConfig, req: &TokenRequest) -> Result<(), Override
     Ok(())
 }
 
-/// Whole-value glob match: `*` matches any run of characters (including none), `?` exactly
-/// one; everything else matches itself. No escapes, no classes: allowed values are ARNs,
-/// GUIDs and names, none of which needs more. Linear backtracking on the last `*`, so a
-/// hostile value costs at most `pattern × value` steps.
+/// Whole-value glob match: `*` matches any run of characters other than `/` (including
+/// none), `?` exactly one character other than `/`; everything else matches itself. No
+/// escapes, no classes: allowed values are ARNs, GUIDs and names, none of which needs more.
+/// `/` is matched only by itself, as in shell globs over paths, so `role/kueue-*` cannot let
+/// `role/kueue-x/../../admin` through (an IAM path role needs `role/*/kueue-*`); and a value
+/// with a control character (a newline that would end a header or a log line) matches no
+/// pattern at all. Linear backtracking on the last `*`, so a hostile value costs at most
+/// `pattern × value` steps.
 pub fn glob_match(pattern: &str, value: &str) -> bool {
+    if value.chars().any(char::is_control) {
+        return false;
+    }
     let p: Vec<char> = pattern.chars().collect();
     let v: Vec<char> = value.chars().collect();
     let (mut pi, mut vi) = (0, 0);
@@ -118,17 +125,18 @@ pub fn glob_match(pattern: &str, value: &str) -> bool {
                 star = Some((pi, vi));
                 pi += 1;
             }
-            Some(&c) if c == '?' || c == v[vi] => {
+            Some(&c) if c == v[vi] || (c == '?' && v[vi] != '/') => {
                 pi += 1;
                 vi += 1;
             }
             _ => match star {
-                Some((sp, sv)) => {
+                // The `*` swallows one more character, unless that is a `/`.
+                Some((sp, sv)) if v[sv] != '/' => {
                     star = Some((sp, sv + 1));
                     pi = sp + 1;
                     vi = sv + 1;
                 }
-                None => return false,
+                _ => return false,
             },
         }
     }

@@ -86,6 +86,26 @@ fn glob_matches_whole_values_with_star_and_question_mark() {
     for (p, v) in no {
         assert!(!glob_match(p, v), "{p:?} should not match {v:?}");
     }
+    // `/` is matched only by itself; a control character matches nothing.
+    for (p, v) in [
+        (
+            "arn:aws:iam::123456789012:role/kueue-*",
+            "arn:aws:iam::123456789012:role/kueue-x/../../admin",
+        ),
+        ("a*", "a/b"),
+        ("a?b", "a/b"),
+        ("*", "a\nb"),
+        ("a*", "a\rb"),
+        ("kueue-*", "kueue-\u{1b}[2J"),
+        ("*", "\u{7f}"),
+    ] {
+        assert!(!glob_match(p, v), "{p:?} should not match {v:?}");
+    }
+    assert!(glob_match(
+        "arn:aws:iam::123456789012:role/*/kueue-*",
+        "arn:aws:iam::123456789012:role/batch/kueue-a"
+    ));
+    assert!(glob_match("a/*", "a/b"));
     // `*` in the value is just a character; a hostile value stays cheap.
     assert!(glob_match("a*", "a*b"));
     assert!(!glob_match("a?", "a*b"));
