@@ -87,7 +87,7 @@ func TestDispatchFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("broker onprem: %v GetToken calls (%v OK), %v upstream fetches, %v suspected rejections", c.Requests, c.OK, c.Fetches, c.Suspected)
+	t.Logf("broker onprem: %v GetToken calls (%v OK), %v upstream fetches, %v re-asks (%v confirmed rejections)", c.Requests, c.OK, c.Fetches, c.Reasks, c.Rejected)
 	if c.Fetches != float64(len(workers)) {
 		t.Errorf("upstream fetches = %v, want %d (one per cluster)", c.Fetches, len(workers))
 	}
@@ -143,7 +143,7 @@ func TestDispatchExec(t *testing.T) {
 		t.Fatal(err)
 	}
 	runs := pluginRuns(s)
-	t.Logf("broker onprem (exec): %v GetToken calls (%v OK), %v upstream fetches, %d plugin runs, %v suspected rejections", c.Requests, c.OK, c.Fetches, runs, c.Suspected)
+	t.Logf("broker onprem (exec): %v GetToken calls (%v OK), %v upstream fetches, %d plugin runs, %v re-asks (%v confirmed rejections)", c.Requests, c.OK, c.Fetches, runs, c.Reasks, c.Rejected)
 	if runs != len(workers) {
 		t.Errorf("plugin runs = %d, want %d (one per cluster)", runs, len(workers))
 	}
@@ -195,7 +195,7 @@ func TestDispatchKubernetesSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("broker secretreader (kubernetesSecret): %v GetToken calls (%v OK), %v upstream fetches, %v suspected rejections", c.Requests, c.OK, c.Fetches, c.Suspected)
+	t.Logf("broker secretreader (kubernetesSecret): %v GetToken calls (%v OK), %v upstream fetches, %v re-asks (%v confirmed rejections)", c.Requests, c.OK, c.Fetches, c.Reasks, c.Rejected)
 	if c.OK < float64(len(workers)) {
 		t.Errorf("OK calls = %v, want at least %d", c.OK, len(workers))
 	}
@@ -240,7 +240,7 @@ exec:
 		t.Logf("worker-%d: ClusterProfile created -> Active: secretreader %.2fs | secretreader wrapped by credbroker exec %.2fs", i+1, d, w)
 	}
 	c, _ := s.Broker.CountsFor("wrapped-secretreader")
-	t.Logf("broker wrapped-secretreader: %v GetToken calls, %v upstream fetches (secretreader runs), %v suspected rejections", c.Requests, c.Fetches, c.Suspected)
+	t.Logf("broker wrapped-secretreader: %v GetToken calls, %v upstream fetches (secretreader runs), %v re-asks (%v confirmed rejections)", c.Requests, c.Fetches, c.Reasks, c.Rejected)
 }
 
 // TestSharedIdentityFanOut: twelve ClusterProfiles (twelve distinct server addresses, six
@@ -279,8 +279,8 @@ func TestSharedIdentityFanOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d ClusterProfiles, %d identities: all Active in %.2fs; %v GetToken calls, %v upstream fetches, %v suspected rejections",
-		len(workers), len(fleet.Workers), time.Since(start).Seconds(), c.Requests, c.Fetches, c.Suspected)
+	t.Logf("%d ClusterProfiles, %d identities: all Active in %.2fs; %v GetToken calls, %v upstream fetches, %v re-asks (%v confirmed rejections)",
+		len(workers), len(fleet.Workers), time.Since(start).Seconds(), c.Requests, c.Fetches, c.Reasks, c.Rejected)
 	if c.Fetches != float64(len(fleet.Workers)) {
 		t.Errorf("upstream fetches = %v, want %d (the number of identities)", c.Fetches, len(fleet.Workers))
 	}

@@ -52,5 +52,5 @@ func TestOlderKueueCredentialsProviders(t *testing.T) {
 	}
 	dispatch(t, s, "old", "credentialProviders", workers)
 	c, _ := s.Broker.CountsFor("onprem")
-	t.Logf("Kueue %s: broker onprem %v GetToken calls, %v upstream fetches, %v suspected rejections", kueueOld, c.Requests, c.Fetches, c.Suspected)
+	t.Logf("Kueue %s: broker onprem %v GetToken calls, %v upstream fetches, %v re-asks (%v confirmed rejections)", kueueOld, c.Requests, c.Fetches, c.Reasks, c.Rejected)
 }

@@ -62,13 +62,21 @@ func TestRevokedTokenRecovers(t *testing.T) {
 	recovered := time.Since(revoked)
 	c1, _ := s.Broker.CountsFor("onprem")
 	runs := pluginRuns(s) - runs0
-	t.Logf("revoked all tokens of %s and cut %d connections: first 401 after %.2fs; Active with a new Job admitted (%s) after %.2fs; %d upstream fetches (plugin runs), %v suspected rejections, %v GetToken calls, %d TokenReviews refused",
-		w.Cluster.Name, cut, firstRejection.Seconds(), a.Workload, recovered.Seconds(), runs, c1.Suspected-c0.Suspected, c1.Requests-c0.Requests, auth.Rejected.Load()-rejected0)
+	t.Logf("revoked all tokens of %s and cut %d connections: first 401 after %.2fs; Active with a new Job admitted (%s) after %.2fs; %d upstream fetches (plugin runs), %v re-asks, %v confirmed rejections, %v GetToken calls, %d TokenReviews refused",
+		w.Cluster.Name, cut, firstRejection.Seconds(), a.Workload, recovered.Seconds(), runs, c1.Reasks-c0.Reasks, c1.Rejected-c0.Rejected, c1.Requests-c0.Requests, auth.Rejected.Load()-rejected0)
 	if s.Kueue.Pid() != pid || !s.Kueue.Running() {
 		t.Errorf("Kueue was restarted")
 	}
 	if runs < 1 || runs > 3 {
 		t.Errorf("upstream fetches after the revocation = %d, want 1 (at most 3)", runs)
+	}
+	// The broker checked Kueue's re-ask with the worker's API server, which refused the token:
+	// a confirmed rejection, logged with the server and never the token.
+	if c1.Rejected-c0.Rejected < 1 || c1.Unchecked != c0.Unchecked {
+		t.Errorf("confirmed rejections after the revocation = %v (unchecked %v); want at least 1 and no unchecked", c1.Rejected-c0.Rejected, c1.Unchecked-c0.Unchecked)
+	}
+	if len(s.Broker.LogLines("rejection confirmed")) == 0 {
+		t.Errorf("no 'rejection confirmed' line in the broker log:\n%s", harness.Tail(s.Broker.LogText(), 30))
 	}
 	noTokenIn(t, "the broker log", s.Broker.LogText(), tokens...)
 }
@@ -83,8 +91,8 @@ func steadyDuration() time.Duration {
 
 // TestSteadyState: minutes of normal running with reconnects (every connection cut every 30 s,
 // as load balancers and API server restarts do) and a client rebuild (each ClusterProfile
-// changed, which makes Kueue reconcile its MultiKueueCluster): no suspected rejection, no
-// upstream fetch beyond the first per cluster.
+// changed, which makes Kueue reconcile its MultiKueueCluster): no confirmed rejection, no
+// warning, no upstream fetch beyond the first per cluster.
 func TestSteadyState(t *testing.T) {
 	ctx := context.Background()
 	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, execProvider), KueueConfig: kueueConfig(t)})
@@ -92,7 +100,7 @@ func TestSteadyState(t *testing.T) {
 	dispatch(t, s, "steady", "accessProviders", workers)
 	runs0 := pluginRuns(s)
 	c0, _ := s.Broker.CountsFor("onprem")
-	warn0 := len(s.Broker.LogLines("suspected rejection"))
+	warn0 := len(s.Broker.LogLines(" WARN "))
 	d := steadyDuration()
 	start := time.Now()
 	cuts, rebuilt := 0, false
@@ -130,16 +138,16 @@ func TestSteadyState(t *testing.T) {
 	}
 	c1, _ := s.Broker.CountsFor("onprem")
 	runs := pluginRuns(s) - runs0
-	warns := s.Broker.LogLines("suspected rejection")[warn0:]
-	t.Logf("steady state %s with %d connections cut and each ClusterProfile changed once: %v GetToken calls, %d extra upstream fetches, %v suspected rejections (%d warning lines)",
-		d, cuts, c1.Requests-c0.Requests, runs, c1.Suspected-c0.Suspected, len(warns))
+	warns := s.Broker.LogLines(" WARN ")[warn0:]
+	t.Logf("steady state %s with %d connections cut and each ClusterProfile changed once: %v GetToken calls, %d extra upstream fetches, %v re-asks, %v confirmed rejections (%d warning lines)",
+		d, cuts, c1.Requests-c0.Requests, runs, c1.Reasks-c0.Reasks, c1.Rejected-c0.Rejected, len(warns))
 	for i, l := range warns {
 		if i < 3 {
 			t.Logf("warning: %s", l)
 		}
 	}
-	if c1.Suspected != c0.Suspected || len(warns) > 0 {
-		t.Errorf("suspected rejections in steady state: %v (%d warning lines); want 0", c1.Suspected-c0.Suspected, len(warns))
+	if c1.Rejected != c0.Rejected || c1.Unchecked != c0.Unchecked || len(warns) > 0 {
+		t.Errorf("rejections in steady state: %v confirmed, %v unchecked (%d warning lines); want 0", c1.Rejected-c0.Rejected, c1.Unchecked-c0.Unchecked, len(warns))
 	}
 	if runs != 0 {
 		t.Errorf("extra upstream fetches in steady state: %d; want 0", runs)
@@ -235,8 +243,8 @@ func TestKueueRestart(t *testing.T) {
 	}
 	c1, _ := s.Broker.CountsFor("onprem")
 	runs := pluginRuns(s) - runs0
-	t.Logf("Kueue restarted: Job admitted on %s %.2fs after the restart; %v GetToken calls, %d upstream fetches, %v suspected rejections",
-		a.ClusterName, a.At.Sub(start).Seconds(), c1.Requests-c0.Requests, runs, c1.Suspected-c0.Suspected)
+	t.Logf("Kueue restarted: Job admitted on %s %.2fs after the restart; %v GetToken calls, %d upstream fetches, %v re-asks (%v confirmed rejections)",
+		a.ClusterName, a.At.Sub(start).Seconds(), c1.Requests-c0.Requests, runs, c1.Reasks-c0.Reasks, c1.Rejected-c0.Rejected)
 	if runs != 0 || c1.Fetches != c0.Fetches {
 		t.Errorf("upstream fetches after Kueue's restart = %d; want 0 (served from the cache)", runs)
 	}

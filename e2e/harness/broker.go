@@ -176,9 +176,12 @@ func Sum(m map[string]float64, name string, labels ...string) float64 {
 	return total
 }
 
-// Counts are the broker's figures the scenarios print.
+// Counts are the broker's figures the scenarios print. Reasks are callers asking again before
+// their come-back time, each checked with the cluster's API server; Rejected are the checks
+// the API server answered 401 (confirmed rejections, what the alert fires on); Unchecked the
+// re-asks taken as rejections without a check (no cluster info in the request).
 type Counts struct {
-	Requests, OK, Fetches, FetchErrors, Suspected float64
+	Requests, OK, Fetches, FetchErrors, Reasks, Rejected, Unchecked float64
 }
 
 // CountsFor reads the broker's counters for one provider.
@@ -193,6 +196,8 @@ func (b *Broker) CountsFor(provider string) (Counts, error) {
 		OK:          Sum(m, "credbroker_requests_total", p, `code="OK"`),
 		Fetches:     Sum(m, "credbroker_upstream_fetch_duration_seconds_count", p),
 		FetchErrors: Sum(m, "credbroker_upstream_fetch_duration_seconds_count", p, `outcome="error"`),
-		Suspected:   Sum(m, "credbroker_suspected_rejections_total", p),
+		Reasks:      Sum(m, "credbroker_reask_checks_total", p),
+		Rejected:    Sum(m, "credbroker_reask_checks_total", p, `answer="rejected"`),
+		Unchecked:   Sum(m, "credbroker_reask_checks_total", p, `answer="unchecked"`),
 	}, nil
 }

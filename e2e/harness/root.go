@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -96,13 +97,21 @@ func (c *Container) Start() error {
 	cmd.Stderr = logf
 	// Its own process group, so that nothing it starts outlives it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("%s: %w", c.Name, err)
-	}
-	c.cmd = cmd
+	// Linux sends Pdeathsig when the *thread* that forked the child exits, and the Go runtime
+	// may retire threads: start and wait from one goroutine locked to its thread, so that
+	// thread lives exactly as long as the child.
+	started := make(chan error, 1)
 	c.done = make(chan struct{})
 	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			logf.Close()
+			started <- fmt.Errorf("%s: %w", c.Name, err)
+			close(c.done)
+			return
+		}
+		started <- nil
 		err := cmd.Wait()
 		logf.Close()
 		c.mu.Lock()
@@ -110,6 +119,10 @@ func (c *Container) Start() error {
 		c.mu.Unlock()
 		close(c.done)
 	}()
+	if err := <-started; err != nil {
+		return err
+	}
+	c.cmd = cmd
 	return nil
 }
 

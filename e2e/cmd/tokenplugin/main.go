@@ -1,7 +1,8 @@
 // Command tokenplugin is the upstream of the e2e suite's `exec` provider: a kubeconfig exec
 // plugin (client.authentication.k8s.io/v1) that prints the token kept in a file for the
 // cluster named by KUBERNETES_EXEC_INFO's spec.cluster.config.clusterName and counts its runs,
-// one line per run in a log file, so the test knows how many upstream fetches happened.
+// one line per run in a log file, so the test knows how many upstream fetches happened. When
+// TOKEN_DIR holds NAME.crt and NAME.key instead, it prints that client certificate and key.
 //
 // Usage: tokenplugin TOKEN_DIR RUN_LOG
 package main
@@ -38,9 +39,21 @@ func main() {
 	if name == "" || strings.ContainsAny(name, "/.") {
 		fail("no usable clusterName in spec.cluster.config")
 	}
-	tok, err := os.ReadFile(filepath.Join(os.Args[1], name))
-	if err != nil {
-		fail(err.Error())
+	status := map[string]any{"expirationTimestamp": time.Now().Add(time.Hour).UTC().Format(time.RFC3339)}
+	base := filepath.Join(os.Args[1], name)
+	if crt, err := os.ReadFile(base + ".crt"); err == nil {
+		key, err := os.ReadFile(base + ".key")
+		if err != nil {
+			fail(err.Error())
+		}
+		status["clientCertificateData"] = string(crt)
+		status["clientKeyData"] = string(key)
+	} else {
+		tok, err := os.ReadFile(base)
+		if err != nil {
+			fail(err.Error())
+		}
+		status["token"] = strings.TrimSpace(string(tok))
 	}
 	f, err := os.OpenFile(os.Args[2], os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -55,10 +68,7 @@ func main() {
 	out, _ := json.Marshal(map[string]any{
 		"apiVersion": apiVersion,
 		"kind":       "ExecCredential",
-		"status": map[string]any{
-			"token":               strings.TrimSpace(string(tok)),
-			"expirationTimestamp": time.Now().Add(time.Hour).UTC().Format(time.RFC3339),
-		},
+		"status":     status,
 	})
 	os.Stdout.Write(append(out, '\n'))
 }
