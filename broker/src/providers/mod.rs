@@ -160,29 +160,40 @@ pub enum TokenError {
     ControlCharacter { code: u32, at: usize },
     #[error("has whitespace inside (at byte {at}): a bearer token is a single word")]
     Whitespace { at: usize },
+    #[error(
+        "holds a character that is not ASCII (U+{code:04X}) at byte {at}: a bearer token is printable ASCII (RFC 6750)"
+    )]
+    NotAscii { code: u32, at: usize },
 }
 
 /// The one rule every provider applies to a bearer token before it is cached or served:
-/// surrounding ASCII whitespace (a file's trailing newline, a plugin's `"token": "x\n"`) is
-/// trimmed; what remains must be non-empty and hold no control character and no whitespace.
-/// A CR/LF inside a token would split the `Authorization` header client-go builds from it, an
-/// ESC would reach terminals through `kubectl`, and a space means two tokens or a kubeconfig,
-/// so none of them is ever passed on.
+/// surrounding ASCII whitespace (a file's trailing newline, a plugin's `"token": "x\n"`) and a
+/// leading UTF-8 byte-order mark (a token file saved by a Windows editor) are trimmed; what
+/// remains must be non-empty, printable ASCII, with no whitespace. A CR/LF inside a token
+/// would split the `Authorization` header client-go builds from it, an ESC would reach
+/// terminals through `kubectl`, a space means two tokens or a kubeconfig, and anything beyond
+/// ASCII (a byte-order mark, a zero-width or bidi character) is invisible when a person
+/// compares tokens and is no part of any token RFC 6750 allows, so none of them is passed on.
 pub fn bearer_token(raw: &str) -> Result<&str, TokenError> {
     let token = raw.trim_ascii();
+    let token = token.strip_prefix('\u{feff}').unwrap_or(token).trim_ascii();
     if token.is_empty() {
         return Err(TokenError::Empty);
     }
     match token
         .char_indices()
-        .find(|(_, c)| c.is_control() || c.is_whitespace())
+        .find(|(_, c)| c.is_control() || c.is_whitespace() || !c.is_ascii())
     {
         None => Ok(token),
         Some((at, c)) if c.is_control() => Err(TokenError::ControlCharacter {
             code: u32::from(c),
             at,
         }),
-        Some((at, _)) => Err(TokenError::Whitespace { at }),
+        Some((at, c)) if c.is_whitespace() => Err(TokenError::Whitespace { at }),
+        Some((at, c)) => Err(TokenError::NotAscii {
+            code: u32::from(c),
+            at,
+        }),
     }
 }
 
@@ -386,6 +397,35 @@ mod tests {
         );
         let shown = TokenError::ControlCharacter { code: 0x0a, at: 6 }.to_string();
         assert!(shown.contains("U+000A"), "{shown}");
+        // A byte-order mark in front (an editor's) is dropped; anywhere else, and any other
+        // character beyond ASCII, refused.
+        assert_eq!(bearer_token("\u{feff}tok-1\n"), Ok("tok-1"));
+        assert_eq!(bearer_token(" \u{feff} tok-1"), Ok("tok-1"));
+        assert_eq!(
+            bearer_token("tok\u{feff}1"),
+            Err(TokenError::NotAscii {
+                code: 0xfeff,
+                at: 3
+            })
+        );
+        assert_eq!(
+            bearer_token("tok\u{202e}1"),
+            Err(TokenError::NotAscii {
+                code: 0x202e,
+                at: 3
+            })
+        );
+        assert_eq!(
+            bearer_token("t\u{200b}"),
+            Err(TokenError::NotAscii {
+                code: 0x200b,
+                at: 1
+            })
+        );
+        assert_eq!(
+            bearer_token("ab\u{2028}cd"),
+            Err(TokenError::Whitespace { at: 2 })
+        );
     }
 
     /// The exec and file providers hold tokens to the same rule (the exec side is tested with
