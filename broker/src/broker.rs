@@ -215,6 +215,18 @@ impl Broker {
             .map(|c| c.provider.clone())
     }
 
+    /// Whether a peer may call anything that needs more than a refusal: tokens
+    /// (`socket.allowedUids`/`allowedGids`) or AdminService (`socket.adminUids`). The server
+    /// asks at accept, so a connection nobody would serve never shares the pool of those that
+    /// are ([`crate::conn`]); each call is still checked on its own.
+    pub fn may_connect(&self, peer: Peer) -> bool {
+        let runtime = self.runtime();
+        runtime.may_get_tokens(peer)
+            || peer
+                .uid
+                .is_some_and(|uid| runtime.admin_uids.contains(&uid))
+    }
+
     /// Refuses callers outside `socket.adminUids`.
     pub fn authorize_admin(&self, peer: Peer) -> Result<(), BrokerError> {
         let runtime = self.runtime();

@@ -4,6 +4,12 @@
 //! handshake within [`HANDSHAKE_TIMEOUT`], one with no call in flight for [`IDLE_TIMEOUT`] is
 //! closed, and each listener holds at most its cap, making room for a new connection by
 //! closing the oldest one that has no call in flight.
+//!
+//! A call is in flight only once its request has arrived whole: a stream whose body never
+//! comes (HEADERS, then nothing) holds its connection no more than an idle one does, and its
+//! body gets [`BODY_DEADLINE`]. The server also caps the streams of one connection
+//! ([`MAX_STREAMS_PER_CONNECTION`]) and keeps connections from peers it would refuse in a pool
+//! of their own ([`REFUSED_CONNECTIONS`]), so they never take a real caller's place.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,6 +41,22 @@ pub const CAP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Descriptors kept free of connections: plugin pipes, token files, the metrics port and
 /// upstream HTTPS connections need some even when the socket is at its cap.
 pub const FD_RESERVE: u64 = 256;
+
+/// A request's body must arrive whole within this long of its headers, or the stream fails
+/// with `DEADLINE_EXCEEDED`. The shim sends its few hundred bytes with the headers; a client
+/// that sends headers and then nothing is holding a stream, not calling. Ten seconds is far
+/// above any real client's gap and far below the shim's 30 s wait.
+pub const BODY_DEADLINE: Duration = Duration::from_secs(10);
+/// Concurrent streams one connection may open (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`).
+/// The shim and grpcurl make one call per connection; a gRPC channel multiplexing more
+/// queues the rest on its side (grpc-go and tonic honour the setting). With the connection cap
+/// and [`BODY_DEADLINE`], it bounds what streams without a body can hold in memory.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 16;
+/// Connections held at once from peers the broker would refuse (uid and gid in none of
+/// `socket.allowedUids`, `allowedGids` and `adminUids`), in a pool of their own: enough for a
+/// misconfigured caller to read its `PERMISSION_DENIED`, too few to matter however many such
+/// connections are opened.
+pub const REFUSED_CONNECTIONS: usize = 8;
 
 /// HTTP/2's client preface (RFC 9113 §3.4), then a 9-byte frame header.
 const PREFACE_LEN: usize = 24;
@@ -415,9 +437,11 @@ impl Connected for Guarded<UnixStream> {
     }
 }
 
-/// Marks each call in flight on its connection (so a connection is never closed as idle
-/// under a slow call) and puts the connection's `UdsConnectInfo` where tonic would for a
-/// plain `UnixStream`, for the code that reads the caller's credentials.
+/// Marks each call in flight on its connection from the moment its request has arrived whole
+/// until its answer (so a connection is never closed as idle under a slow call, and is idle
+/// while its only streams wait for a body), gives each request body [`BODY_DEADLINE`], and
+/// puts the connection's `UdsConnectInfo` where tonic would for a plain `UnixStream`, for the
+/// code that reads the caller's credentials.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ActivityLayer;
 
@@ -434,9 +458,13 @@ pub struct Activity<S> {
     inner: S,
 }
 
-impl<S, B> tower::Service<http::Request<B>> for Activity<S>
+/// The call-in-flight mark of one call: set when its request is whole, dropped with the last
+/// of the body and the call.
+type CallSlot = Arc<Mutex<Option<CallGuard>>>;
+
+impl<S> tower::Service<http::Request<tonic::body::Body>> for Activity<S>
 where
-    S: tower::Service<http::Request<B>>,
+    S: tower::Service<http::Request<tonic::body::Body>>,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -447,18 +475,90 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        let info = req.extensions().get::<ConnInfo>().cloned();
-        let guard = info.map(|info| {
+    fn call(&mut self, mut req: http::Request<tonic::body::Body>) -> Self::Future {
+        let state = req.extensions().get::<ConnInfo>().cloned().map(|info| {
             req.extensions_mut().insert(info.uds);
-            info.state.begin_call()
+            info.state
+        });
+        let slot = CallSlot::default();
+        let body_slot = slot.clone();
+        let req = req.map(move |body| {
+            tonic::body::Body::new(Received {
+                inner: body,
+                state,
+                slot: body_slot,
+                deadline: Box::pin(tokio::time::sleep(BODY_DEADLINE)),
+                whole: false,
+            })
         });
         let call = self.inner.call(req);
         Box::pin(async move {
             let result = call.await;
-            drop(guard);
+            drop(slot);
             result
         })
+    }
+}
+
+/// A request body that marks its call in flight once it has arrived whole, and fails when it
+/// has not within [`BODY_DEADLINE`].
+struct Received {
+    inner: tonic::body::Body,
+    state: Option<Arc<ConnState>>,
+    slot: CallSlot,
+    deadline: Pin<Box<Sleep>>,
+    whole: bool,
+}
+
+impl Received {
+    fn arrived(&mut self) {
+        if self.whole {
+            return;
+        }
+        self.whole = true;
+        if let Some(state) = &self.state {
+            *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(state.begin_call());
+        }
+    }
+}
+
+impl hyper::body::Body for Received {
+    type Data = hyper::body::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match polled {
+            Poll::Ready(None) => {
+                this.arrived();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(frame)) => {
+                if this.inner.is_end_stream() {
+                    this.arrived();
+                }
+                Poll::Ready(Some(frame))
+            }
+            Poll::Pending if !this.whole && this.deadline.as_mut().poll(cx).is_ready() => {
+                Poll::Ready(Some(Err(tonic::Status::deadline_exceeded(format!(
+                    "the request did not arrive whole within {}s of its headers",
+                    BODY_DEADLINE.as_secs()
+                )))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -634,5 +734,69 @@ mod tests {
         assert_eq!(cap_for_fd_limit(2048, 1_048_576), 2048);
         assert_eq!(cap_for_fd_limit(2048, 1024), 1024 - FD_RESERVE as usize);
         assert_eq!(cap_for_fd_limit(2048, 100), 1);
+    }
+
+    /// A body that never ends: HEADERS, then nothing.
+    struct Never;
+
+    impl hyper::body::Body for Never {
+        type Data = hyper::body::Bytes;
+        type Error = tonic::Status;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+            Poll::Pending
+        }
+    }
+
+    fn received(body: tonic::body::Body, state: &Arc<ConnState>) -> (Received, CallSlot) {
+        let slot = CallSlot::default();
+        let body = Received {
+            inner: body,
+            state: Some(state.clone()),
+            slot: slot.clone(),
+            deadline: Box::pin(tokio::time::sleep(BODY_DEADLINE)),
+            whole: false,
+        };
+        (body, slot)
+    }
+
+    /// A stream waiting for its body is no call: its connection stays idle (evictable, and
+    /// closed by the idle timeout), and the body fails at the deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_is_in_flight_only_once_its_request_is_whole() {
+        use http_body_util::BodyExt as _;
+        let state = Arc::new(ConnState::new());
+        let (mut stalled, _slot) = received(tonic::body::Body::new(Never), &state);
+        let waiting = tokio::spawn(async move { stalled.frame().await });
+        tokio::time::advance(BODY_DEADLINE - Duration::from_millis(1)).await;
+        assert_eq!(
+            state.in_flight.load(Ordering::Acquire),
+            0,
+            "waiting is not a call"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let failed = waiting.await.unwrap().expect("a frame").unwrap_err();
+        assert_eq!(failed.code(), tonic::Code::DeadlineExceeded, "{failed:?}");
+        assert!(failed.message().contains("10s"), "{failed:?}");
+        assert_eq!(state.in_flight.load(Ordering::Acquire), 0);
+
+        // A whole request is a call until both its body and its call are done.
+        let full = http_body_util::Full::new(hyper::body::Bytes::from_static(b"request"));
+        let (whole, slot) = received(tonic::body::Body::new(full), &state);
+        let bytes = whole.collect().await.unwrap().to_bytes();
+        assert_eq!(&bytes[..], b"request");
+        assert_eq!(
+            state.in_flight.load(Ordering::Acquire),
+            1,
+            "a call once whole"
+        );
+        drop(slot);
+        assert_eq!(
+            state.in_flight.load(Ordering::Acquire),
+            0,
+            "over with the call"
+        );
     }
 }

@@ -15,7 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic_health::ServingStatus;
 
 use crate::admin_service::AdminApi;
-use crate::broker::Broker;
+use crate::broker::{Broker, Peer};
 use crate::config::Config;
 use crate::conn::{self, ActivityLayer, ConnLimiter};
 use crate::metrics::{self, MetricsError};
@@ -143,8 +143,23 @@ pub async fn serve(
         );
     }
     let limiter = ConnLimiter::new("socket", cap);
+    let refused = ConnLimiter::new("socket, refused callers", conn::REFUSED_CONNECTIONS);
+    let gate = broker.clone();
     let incoming = ReceiverStream::new(conn_rx).filter_map(move |accepted| match accepted {
-        Ok(stream) => limiter.admit(stream).map(Ok),
+        // Who the caller is decides before anything waits on it: a peer the broker would
+        // refuse lands in a small pool of its own, never in the callers' (crate::conn).
+        Ok(stream) => {
+            let peer = stream.peer_cred().ok().map(|cred| Peer {
+                uid: Some(cred.uid()),
+                gid: Some(cred.gid()),
+            });
+            let pool = if peer.is_some_and(|p| gate.may_connect(p)) {
+                &limiter
+            } else {
+                &refused
+            };
+            pool.admit(stream).map(Ok)
+        }
         Err(e) => Some(Err(e)),
     });
 
@@ -152,6 +167,7 @@ pub async fn serve(
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .max_concurrent_streams(Some(conn::MAX_STREAMS_PER_CONNECTION))
         .layer(ActivityLayer)
         .layer(RateLimitLayer::new(
             &config.rate_limit,

@@ -319,3 +319,165 @@ fn metrics_connections_with_half_sent_headers_are_closed() {
         opened.elapsed()
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Streams that never send their body
+// ---------------------------------------------------------------------------------------
+
+/// Opens CONNS connections to SOCKET, does the HTTP/2 handshake on each and opens STREAMS
+/// GetToken streams with HEADERS only (no DATA, no END_STREAM), then holds them for SECS,
+/// reading whatever the broker sends and answering nothing. Prints how many connections it
+/// opened and the server's SETTINGS_MAX_CONCURRENT_STREAMS (none: unlimited); exits when the
+/// time is up.
+const STALLER: &str = r#"
+import socket, struct, sys, threading, time
+path, conns, streams, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+def lit(name, value):
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+block = b"".join(lit(n, v) for n, v in [
+    (b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"localhost"),
+    (b":path", b"/credbroker.v1.TokenService/GetToken"),
+    (b"content-type", b"application/grpc"), (b"te", b"trailers")])
+def frame(kind, flags, stream, payload):
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+def recv_exact(s, n):
+    out = b""
+    while len(out) < n:
+        got = s.recv(n - len(out))
+        if not got:
+            raise OSError("closed")
+        out += got
+    return out
+def max_streams(s):
+    head = recv_exact(s, 9)
+    length, kind = int.from_bytes(head[:3], "big"), head[3]
+    payload = recv_exact(s, length)
+    if kind != 4:
+        return "?"
+    for i in range(0, length, 6):
+        ident, value = struct.unpack(">HI", payload[i:i + 6])
+        if ident == 3:
+            return str(value)
+    return "none"
+def drain(s):
+    try:
+        while s.recv(65536):
+            pass
+    except OSError:
+        pass
+held, limit = [], "?"
+for _ in range(conns):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b""))
+        limit = max_streams(s)
+        for i in range(streams):
+            s.sendall(frame(1, 4, 2 * i + 1, block))
+    except OSError:
+        s.close()
+        continue
+    threading.Thread(target=drain, args=(s,), daemon=True).start()
+    held.append(s)
+    time.sleep(0.02)
+print(len(held), limit, flush=True)
+time.sleep(secs)
+"#;
+
+/// Legitimate shim calls (uid 0, allowed) every 50 ms for `secs` while `attacker` runs:
+/// how many failed, and the first failure.
+fn calls_during(
+    socket: &Path,
+    secs: u64,
+    mut attacker: std::process::Child,
+) -> (usize, usize, Option<String>) {
+    let info = exec_info(V1, "https://a.example", json!({"clusterName": "a"}));
+    let started = Instant::now();
+    let (mut calls, mut failed, mut first) = (0, 0, None);
+    while started.elapsed() < Duration::from_secs(secs) {
+        let out = run_shim(socket, &["--provider", "static"], Some(&info));
+        calls += 1;
+        if !out.status.success() {
+            failed += 1;
+            first.get_or_insert_with(|| describe(&out));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = attacker.kill();
+    let _ = attacker.wait();
+    (calls, failed, first)
+}
+
+/// Issue "hardening, second round", items 1 and 2: one uid, refused or allowed, opens every
+/// connection it may and on each as many streams as it may, sending HEADERS and never a body.
+/// A refused uid's connections land in a pool of their own; an allowed uid's streams without
+/// a body are no calls, so their connections make room for real callers, and their bodies
+/// fail at the deadline. Real callers see no failure either way, past the body deadline.
+#[test]
+fn streams_without_a_body_cannot_block_real_callers() {
+    const CAP: usize = 32;
+    const SECS: u64 = 14;
+    // Debian's python3: under another uid, a python in root's home (pyenv) cannot run.
+    let python = Path::new("/usr/bin/python3");
+    assert!(
+        python.exists(),
+        "/usr/bin/python3 is missing: apt-get install python3 (scripts/test.sh does)"
+    );
+    let setpriv = credbroker_tests::require_tool("setpriv", "apt-get install util-linux");
+    for refused in [true, false] {
+        let files = TokenFiles::new();
+        let socket_extra = format!(", mode: \"0666\", allowedUids: [0], maxConnections: {CAP}");
+        let broker = Broker::start(&static_config(&files, &socket_extra));
+        let mut cmd = if refused {
+            let mut c = Command::new(&setpriv);
+            c.args(["--reuid", "4242", "--regid", "4242", "--clear-groups"])
+                .arg(python);
+            c
+        } else {
+            Command::new(python)
+        };
+        let mut attacker = cmd
+            .args(["-c", STALLER])
+            .arg(broker.socket())
+            .args([&(2 * CAP).to_string(), "1", &(SECS + 5).to_string()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut opened = String::new();
+        let mut out = attacker.stdout.take().unwrap();
+        let mut byte = [0u8; 1];
+        while out.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+            opened.push(byte[0] as char);
+        }
+        let mut report = opened.split_whitespace();
+        let opened_count: usize = report.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        let max_streams = report.next().unwrap_or("?").to_owned();
+        let (calls, failed, first) = calls_during(broker.socket(), SECS, attacker);
+        println!(
+            "{} uid: {opened_count} connections of stalled streams (server's stream cap {max_streams}); {calls} real calls, {failed} failed",
+            if refused { "refused" } else { "allowed" }
+        );
+        assert_eq!(
+            failed,
+            0,
+            "{} attacker: {failed} of {calls} real calls failed, first: {first:?}\n{}",
+            if refused { "refused" } else { "allowed" },
+            broker.logs()
+        );
+        assert!(calls > 50, "{calls}");
+        // The attack was real: connections opened, and (allowed) streams failed at the
+        // deadline rather than waiting for ever.
+        // A refused uid's connections are closed as soon as more come (their pool is small).
+        let least = if refused { 1 } else { CAP };
+        assert!(
+            opened_count >= least,
+            "the attacker held {opened_count} connections"
+        );
+        // conn::MAX_STREAMS_PER_CONNECTION, as docs/security.md states it.
+        assert_eq!(
+            max_streams, "16",
+            "the broker caps the streams of a connection"
+        );
+        get_token(broker.socket());
+    }
+}
