@@ -149,8 +149,10 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, F
             "--provider" => &mut provider,
             "--socket" => &mut socket,
             "--timeout" => &mut timeout,
-            f if f.starts_with('-') => return Err(usage_error(format!("unknown flag {f}"))),
-            f => return Err(usage_error(format!("unexpected argument {f:?}"))),
+            f if f.starts_with('-') => {
+                return Err(usage_error(format!("unknown flag {}", shown(f))));
+            }
+            f => return Err(usage_error(format!("unexpected argument {}", shown(f)))),
         };
         let value = match inline.or_else(|| rest.next()) {
             Some(v) if !v.is_empty() => v,
@@ -164,15 +166,30 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, F
     let provider = provider.ok_or_else(|| usage_error("missing --provider"))?;
     let timeout = match timeout {
         None => DEFAULT_TIMEOUT,
-        Some(t) => {
-            parse_duration(&t).map_err(|why| usage_error(format!("--timeout {t:?}: {why}")))?
-        }
+        Some(t) => parse_duration(&t)
+            .map_err(|why| usage_error(format!("--timeout {}: {why}", shown(&t))))?,
     };
     Ok(Command::Run(Args {
         provider,
         socket: socket.map(PathBuf::from),
         timeout,
     }))
+}
+
+/// How much of an argument an error line quotes: a provider name (DNS-1123, at most 253
+/// bytes, is recognisable from its start) or a flag, not a 100 KB argument on the one line
+/// client-go copies into Kueue's log.
+const SHOWN_CHARS: usize = 64;
+
+/// `s` quoted for the error line: at most [`SHOWN_CHARS`] characters, escaped as Rust's
+/// `{:?}` does (control characters included), a cut marked with the whole length.
+fn shown(s: &str) -> String {
+    let count = s.chars().count();
+    if count <= SHOWN_CHARS {
+        return format!("{s:?}");
+    }
+    let head: String = s.chars().take(SHOWN_CHARS).collect();
+    format!("{head:?}…({} bytes)", s.len())
 }
 
 const NOT_A_DURATION: &str = "expected whole numbers followed by ms, s, m or h, like 1m30s";
@@ -344,7 +361,10 @@ fn status_failure(status: &tonic::Status, provider: &str, socket: &Path) -> Fail
         format!("{code}: {}", status.message())
     };
     Failure::new(
-        format!("the broker could not serve GetToken for provider {provider:?}"),
+        format!(
+            "the broker could not serve GetToken for provider {}",
+            shown(provider)
+        ),
         why,
         hint(status),
     )
@@ -535,10 +555,10 @@ mod tests {
             ),
             (
                 &["--provider", "a", "--region", "x"],
-                "unknown flag --region",
+                "unknown flag \"--region\"",
             ),
-            (&["--provider=a", "--region=x"], "unknown flag --region"),
-            (&["--provider", "a", "-p"], "unknown flag -p"),
+            (&["--provider=a", "--region=x"], "unknown flag \"--region\""),
+            (&["--provider", "a", "-p"], "unknown flag \"-p\""),
             (
                 &["--provider", "a", "extra"],
                 "unexpected argument \"extra\"",
@@ -1033,5 +1053,24 @@ mod tests {
             .unwrap_err();
         assert_eq!(f.what, "cannot use KUBERNETES_EXEC_INFO");
         assert!(f.why.starts_with("not valid JSON"), "{}", f.why);
+    }
+
+    /// Red-team finding: a 100 KB `--provider` was echoed whole on the one error line.
+    #[test]
+    fn error_lines_quote_arguments_cut_and_escaped() {
+        let long = "p".repeat(100_000);
+        assert_eq!(shown("eks"), "\"eks\"");
+        let cut = shown(&long);
+        assert!(cut.len() < 100 && cut.ends_with("…(100000 bytes)"), "{cut}");
+        assert_eq!(shown("a\nb\u{1b}"), "\"a\\nb\\u{1b}\"");
+        let e = parse_args(os(&["--provider=a", &format!("--{long}=x")])).unwrap_err();
+        assert!(e.line().len() < 300, "{}", e.line());
+        let status = tonic::Status::not_found("no such provider");
+        let f = status_failure(&status, &long, Path::new("/s.sock"));
+        let line = f.line();
+        assert!(
+            line.len() < 500 && line.contains("…(100000 bytes)"),
+            "{line}"
+        );
     }
 }
