@@ -509,8 +509,15 @@ impl Cache {
                     _ => None,
                 };
                 let may_retry = st.retry_at.is_none_or(|at| now >= at);
+                // The source changed under what is held (a file rewritten, a Secret updated):
+                // fetched anew, and what is held stays in service until that works.
+                let mut changed = false;
                 if let Some(fresh) = &st.current {
-                    if now < fresh.serve_until && provider.is_current(target, &fresh.credential) {
+                    if now >= fresh.serve_until {
+                        st.current = None;
+                    } else if !provider.is_current(target, &fresh.credential) {
+                        changed = true;
+                    } else {
                         // A rejection joins the fetch it started, a background refresh or
                         // another caller's; with none running, what is held is served.
                         let forced = answer
@@ -531,17 +538,19 @@ impl Cache {
                             }
                             return Ok(served);
                         }
-                    } else {
-                        st.current = None;
                     }
                 }
-                let forced = answer.is_some_and(|a| a.forces_refresh());
+                let forced = changed || answer.is_some_and(|a| a.forces_refresh());
                 let (fetch, outcome) = if let Some(inflight) = &st.inflight {
                     (inflight.clone(), Outcome::Joined)
                 } else {
                     if let (Some(at), Some(last)) = (st.retry_at, &st.last_error)
                         && now < at
                     {
+                        if let (true, Some(fresh)) = (forced, &st.current) {
+                            // Backing off: what is held, until the next attempt.
+                            return Ok(fresh.serve(now, Outcome::Stale));
+                        }
                         let err = CacheError::BackingOff {
                             last: Box::new(last.clone()),
                             retry_in: at - now,
@@ -573,11 +582,6 @@ impl Cache {
             self.inner.reclassify(&key, &slot);
         }
         let result = fetch.await;
-        let Some(caller) = caller else {
-            let mut served = result?;
-            served.outcome = outcome;
-            return Ok(served);
-        };
         let mut st = slot.lock();
         let now = Instant::now();
         let served = match result {
@@ -585,13 +589,17 @@ impl Cache {
                 served.outcome = outcome;
                 served
             }
-            // A forced refresh that failed for a while leaves what was served before in
-            // service, as for any caller before its come-back time.
+            // A forced refresh, or a changed source read again, that failed for a while
+            // leaves what was served before in service, as for any caller before its
+            // come-back time.
             Err(e) if forced && e.is_transient() => match &st.current {
                 Some(fresh) if now < fresh.serve_until => fresh.serve(now, Outcome::Stale),
                 _ => return Err(e),
             },
             Err(e) => return Err(e),
+        };
+        let Some(caller) = caller else {
+            return Ok(served);
         };
         let digest = CredentialDigest::of(&served.credential);
         let come_back = come_back_at(&served, now);
@@ -783,7 +791,7 @@ impl Cache {
                     waited: queued.elapsed(),
                 }),
             };
-            let (served, returned_rejected) = slot.complete(result);
+            let (served, returned_rejected) = slot.complete(result, !provider.retries_at_once());
             if returned_rejected {
                 tracing::warn!(
                     provider = crate::text::quote(&key.provider),
@@ -1041,6 +1049,7 @@ impl Slot {
     fn complete(
         &self,
         result: Result<Credential, CacheError>,
+        back_off: bool,
     ) -> (Result<Served, CacheError>, bool) {
         let mut st = self.lock();
         st.inflight = None;
@@ -1065,7 +1074,8 @@ impl Slot {
             }
             Err(error) if error.is_transient() => {
                 st.failures = st.failures.saturating_add(1);
-                st.retry_at = Some(now + backoff(st.failures, fastrand::f64()));
+                // A provider whose fetch is a local read tries again at the next call.
+                st.retry_at = back_off.then(|| now + backoff(st.failures, fastrand::f64()));
                 st.last_error = Some(error.clone());
                 Err(error)
             }

@@ -53,8 +53,9 @@ impl FileProvider {
         let text = String::from_utf8(bytes).map_err(|_| {
             ProviderError::Unavailable(format!("token file {shown} is not UTF-8 text"))
         })?;
+        // Never where in the file, nor which character: the path may lead anywhere.
         let token = super::bearer_token(&text)
-            .map_err(|e| ProviderError::Unavailable(format!("token file {shown} {e}")))?;
+            .map_err(|e| ProviderError::Unavailable(format!("token file {shown} {}", e.shape())))?;
         let expires_at = jwt::bearer_expiry(token, self.config.lifetime.0, &shown.to_string())?;
         let mut credential = Credential::token(token, expires_at);
         credential.source_version = Some(version(&meta));
@@ -152,6 +153,11 @@ impl Provider for FileProvider {
         target: &'a Resolved,
     ) -> BoxFuture<'a, Result<Credential, ProviderError>> {
         Box::pin(async move { self.read(target.target::<PathBuf>()?).await })
+    }
+
+    /// A read is cheap, and a file rewritten in place is whole again a moment later.
+    fn retries_at_once(&self) -> bool {
+        true
     }
 
     fn is_current(&self, target: &Resolved, cached: &Credential) -> bool {
@@ -344,5 +350,110 @@ mod tests {
         std::os::unix::fs::symlink("..data/tok", dir.path().join("linked")).unwrap();
         let c = p.fetch_for(&req("linked")).await.unwrap();
         assert_eq!(token_of(&c), "tok-1");
+    }
+
+    /// Red-team finding: a token file rewritten in place (truncated, then written) failed
+    /// every call that caught it empty although a valid token was held, and after it was
+    /// valid again calls still failed "retrying in 16s". Through the real cache: a failed or
+    /// empty read serves what is held, a file valid again is served at once, and an empty
+    /// file with nothing held is a clear error.
+    #[tokio::test]
+    async fn a_file_rewritten_in_place_is_served_through_and_read_again_at_once() {
+        use crate::cache::{Cache, CacheSettings, Outcome};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a");
+        let provider: std::sync::Arc<dyn Provider> = std::sync::Arc::new(provider(
+            dir.path().join("{clusterName}").display().to_string(),
+        ));
+        let cache = Cache::new(CacheSettings {
+            max_entries: 10,
+            idle_timeout: Duration::from_secs(3600),
+            upstream_timeout: Duration::from_secs(20),
+            max_concurrent_fetches: 4,
+        });
+        let req = req("a");
+        let target = provider.resolve(&req).unwrap();
+        let token = |s: &crate::cache::Served| match &s.credential.secret {
+            CredentialSecret::Token(t) => t.expose().to_owned(),
+            CredentialSecret::ClientCertificate { .. } => panic!("a token"),
+        };
+        let write = |text: &str| {
+            // In place: the same inode, truncated then written (another size: another version).
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .create(true)
+                .open(&path)
+                .unwrap();
+            std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+        };
+        write("tok-1");
+        let first = cache.get(&provider, &req, &target).await.unwrap();
+        assert_eq!(token(&first), "tok-1");
+        // Caught mid-rewrite, empty: the held token, again and again, no back-off.
+        write("");
+        for _ in 0..5 {
+            let served = cache.get(&provider, &req, &target).await.unwrap();
+            assert_eq!(
+                (token(&served).as_str(), served.outcome),
+                ("tok-1", Outcome::Stale)
+            );
+        }
+        // Half written and not a token: the same.
+        write("tok-2 partial\n");
+        assert_eq!(
+            token(&cache.get(&provider, &req, &target).await.unwrap()),
+            "tok-1"
+        );
+        // Whole again: served at the very next call.
+        write("tok-2");
+        assert_eq!(
+            token(&cache.get(&provider, &req, &target).await.unwrap()),
+            "tok-2"
+        );
+
+        // Nothing held and the file empty: a clear error, and the next read is at once.
+        let other = Cache::new(CacheSettings {
+            max_entries: 10,
+            idle_timeout: Duration::from_secs(3600),
+            upstream_timeout: Duration::from_secs(20),
+            max_concurrent_fetches: 4,
+        });
+        write("");
+        let e = other
+            .get(&provider, &req, &target)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("is empty") && e.contains(&path.display().to_string()),
+            "{e}"
+        );
+        assert!(!e.contains("retrying"), "{e}");
+        write("tok-3");
+        assert_eq!(
+            token(&other.get(&provider, &req, &target).await.unwrap()),
+            "tok-3"
+        );
+    }
+
+    /// Red-team finding: a path that leads (through a symlink) to a file that is no token
+    /// file said where that file's first line ends ("at byte 25").
+    #[tokio::test]
+    async fn a_file_that_is_no_token_is_refused_without_where_or_what() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("secret"),
+            "root:$6$saltsalt$hash:19000:0:99999:7:::\nbin:*:1\n",
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret"), dir.path().join("a")).unwrap();
+        let p = provider(dir.path().join("{clusterName}").display().to_string());
+        let e = p.fetch_for(&req("a")).await.unwrap_err().to_string();
+        assert!(e.contains("contains a control character"), "{e}");
+        assert!(
+            !e.contains("byte") && !e.contains("U+") && !e.contains("root"),
+            "{e}"
+        );
     }
 }

@@ -166,6 +166,25 @@ pub enum TokenError {
     NotAscii { code: u32, at: usize },
 }
 
+impl TokenError {
+    /// What is wrong, without the character or where it is: for a source whose content is
+    /// not the broker's to reveal (a file path may lead, through a symlink, to any file the
+    /// broker can read; the offset of the first control character says where its first line
+    /// ends).
+    pub fn shape(&self) -> &'static str {
+        match self {
+            Self::Empty => "is empty",
+            Self::ControlCharacter { .. } => {
+                "contains a control character: a bearer token is one line of printable text"
+            }
+            Self::Whitespace { .. } => "has whitespace inside: a bearer token is a single word",
+            Self::NotAscii { .. } => {
+                "holds a character that is not ASCII: a bearer token is printable ASCII (RFC 6750)"
+            }
+        }
+    }
+}
+
 /// The one rule every provider applies to a bearer token before it is cached or served:
 /// surrounding ASCII whitespace (a file's trailing newline, a plugin's `"token": "x\n"`) and a
 /// leading UTF-8 byte-order mark (a token file saved by a Windows editor) are trimmed; what
@@ -276,6 +295,14 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// must be cheap (a `stat`, not a read). Most sources cannot change under a credential.
     fn is_current(&self, _target: &Resolved, _cached: &Credential) -> bool {
         true
+    }
+
+    /// Whether a fetch that failed may be tried again at the next call instead of after a
+    /// back-off: true for a source that costs a local read (a file being rewritten in place
+    /// is read again the moment it is whole), false for an upstream that must not be asked
+    /// again and again while it fails.
+    fn retries_at_once(&self) -> bool {
+        false
     }
 
     /// False when this build cannot serve the provider's type at all, or the provider knows
