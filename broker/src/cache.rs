@@ -305,7 +305,7 @@ impl Table {
                 .filter(|(key, placed)| placed.class == Class::Held && *key != keep)
                 .filter_map(|(key, placed)| {
                     let st = placed.slot.lock();
-                    let servable = st.current.as_ref().is_some_and(|f| now < f.serve_until);
+                    let servable = st.current.as_ref().is_some_and(|f| f.servable(now));
                     st.inflight
                         .is_none()
                         .then(|| ((servable, st.last_access), key))
@@ -403,11 +403,29 @@ impl State {
     }
 }
 
-/// A stored credential and its schedule.
+/// The wall clock. The schedule runs on two clocks: the monotonic one (tokio's `Instant`,
+/// what paused-time tests drive) and this one, which expiries are stated in. Where the
+/// monotonic clock lags the wall clock (a suspended or paused VM, a checkpointed and restored
+/// container, a stepped clock), only the wall clock knows a credential has expired, so every
+/// rule checks both. Tests move it ahead on their own thread ([`tests::wall_ahead`]).
+pub(crate) fn wall_now() -> SystemTime {
+    #[cfg(test)]
+    {
+        SystemTime::now() + tests::WALL_AHEAD.with(std::cell::Cell::get)
+    }
+    #[cfg(not(test))]
+    {
+        SystemTime::now()
+    }
+}
+
+/// A stored credential and its schedule, on both clocks ([`wall_now`]).
 struct Fresh {
     credential: Credential,
     refresh_at: Instant,
     serve_until: Instant,
+    refresh_at_wall: SystemTime,
+    serve_until_wall: SystemTime,
     /// The last whole second before the credential's expiry: no come-back time is later.
     latest_come_back: SystemTime,
     /// Computed once per fetch: callers' records compare against it.
@@ -486,7 +504,7 @@ impl Cache {
                 }
                 let answer = match (&checked, caller, &st.current) {
                     (Some(answer), _, _) => Some(answer.clone()),
-                    (None, Some(caller), Some(fresh)) if now < fresh.serve_until => {
+                    (None, Some(caller), Some(fresh)) if fresh.servable(now) => {
                         let (digest, credential) = (fresh.digest, fresh.credential.clone());
                         let memory = st.rejections.get_or_insert_default();
                         match memory.reask(caller, now, digest) {
@@ -513,7 +531,7 @@ impl Cache {
                 // fetched anew, and what is held stays in service until that works.
                 let mut changed = false;
                 if let Some(fresh) = &st.current {
-                    if now >= fresh.serve_until {
+                    if !fresh.servable(now) {
                         st.current = None;
                     } else if !provider.is_current(target, &fresh.credential) {
                         changed = true;
@@ -524,7 +542,7 @@ impl Cache {
                             .as_ref()
                             .is_some_and(|a| a.forces_refresh() && st.inflight.is_some());
                         if !forced {
-                            let due = now >= fresh.refresh_at;
+                            let due = fresh.due(now);
                             let served =
                                 fresh.serve(now, if due { Outcome::Stale } else { Outcome::Hit });
                             let digest = fresh.digest;
@@ -593,7 +611,7 @@ impl Cache {
             // leaves what was served before in service, as for any caller before its
             // come-back time.
             Err(e) if forced && e.is_transient() => match &st.current {
-                Some(fresh) if now < fresh.serve_until => fresh.serve(now, Outcome::Stale),
+                Some(fresh) if fresh.servable(now) => fresh.serve(now, Outcome::Stale),
                 _ => return Err(e),
             },
             Err(e) => return Err(e),
@@ -683,7 +701,7 @@ impl Cache {
             let holds = st
                 .current
                 .as_ref()
-                .is_some_and(|f| f.digest == digest && now < f.serve_until);
+                .is_some_and(|f| f.digest == digest && f.servable(now));
             match verdict {
                 None => (None, None),
                 Some(_) if st.inflight.is_some() => (Some(Next::Join), st.inflight.clone()),
@@ -1012,18 +1030,21 @@ impl State {
             EntryState::BackingOff
         } else {
             match &self.current {
-                Some(f) if now < f.refresh_at => EntryState::Fresh,
-                Some(f) if now < f.serve_until => EntryState::Stale,
+                Some(f) if !f.due(now) => EntryState::Fresh,
+                Some(f) if f.servable(now) => EntryState::Stale,
                 _ => EntryState::Empty,
             }
         };
-        let wall = |at: Instant| SystemTime::now() + at.saturating_duration_since(now);
+        let wall = |at: Instant| wall_now() + at.saturating_duration_since(now);
         EntryInfo {
             key,
             clusters: self.clusters.clone(),
             more_clusters: self.more_clusters,
             expires_at: self.current.as_ref().map(|f| f.credential.expires_at),
-            refresh_at: self.current.as_ref().map(|f| wall(f.refresh_at)),
+            refresh_at: self
+                .current
+                .as_ref()
+                .map(|f| wall(f.refresh_at).min(f.refresh_at_wall)),
             hits: self.hits,
             state,
             last_error: self.last_error.as_ref().map(ToString::to_string),
@@ -1094,7 +1115,7 @@ impl Slot {
 
 impl Fresh {
     fn new(credential: Credential, now: Instant) -> Result<Self, CacheError> {
-        let wall = SystemTime::now();
+        let wall = wall_now();
         let remaining = credential
             .expires_at
             .duration_since(wall)
@@ -1110,25 +1131,39 @@ impl Fresh {
         let (refresh_after, serve_for) = schedule(remaining.min(MAX_LIFETIME), fastrand::f64());
         // Served only while a whole second before expiry is left to send as the come-back.
         let serve_for = serve_for.min(to_latest);
+        let refresh_after = refresh_after.min(serve_for);
         Ok(Self {
             digest: CredentialDigest::of(&credential),
             credential,
-            refresh_at: now + refresh_after.min(serve_for),
+            refresh_at: now + refresh_after,
             serve_until: now + serve_for,
+            refresh_at_wall: wall + refresh_after,
+            serve_until_wall: wall + serve_for,
             latest_come_back,
         })
+    }
+
+    /// Whether it may be served: before the end of its serving window on both clocks.
+    fn servable(&self, now: Instant) -> bool {
+        now < self.serve_until && wall_now() < self.serve_until_wall
+    }
+
+    /// Whether its refresh is due, on either clock.
+    fn due(&self, now: Instant) -> bool {
+        now >= self.refresh_at || wall_now() >= self.refresh_at_wall
     }
 
     /// Before the refresh time the caller comes back then, when a newer credential is due;
     /// after it, at the end of the serving window. Rounded up to a whole second, but never
     /// past the last whole second before expiry.
     fn serve(&self, now: Instant, outcome: Outcome) -> Served {
-        let target = if now < self.refresh_at {
-            self.refresh_at
+        let (target, target_wall) = if self.due(now) {
+            (self.serve_until, self.serve_until_wall)
         } else {
-            self.serve_until
+            (self.refresh_at, self.refresh_at_wall)
         };
-        let at = SystemTime::now() + target.saturating_duration_since(now);
+        // Whichever clock says it comes sooner.
+        let at = (wall_now() + target.saturating_duration_since(now)).min(target_wall);
         Served {
             credential: self.credential.clone(),
             come_back: whole_second_at_or_after(at).min(self.latest_come_back),
@@ -1170,7 +1205,7 @@ impl Next {
 fn come_back_at(served: &Served, now: Instant) -> Instant {
     now + served
         .come_back
-        .duration_since(SystemTime::now())
+        .duration_since(wall_now())
         .unwrap_or_default()
 }
 

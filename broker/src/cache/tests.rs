@@ -10,6 +10,47 @@ use crate::request::ClusterInfo;
 const HOUR: Duration = Duration::from_secs(3600);
 const MIN: Duration = Duration::from_secs(60);
 
+thread_local! {
+    /// How far this test thread's wall clock is ahead of the system's ([`wall_now`]).
+    pub(super) static WALL_AHEAD: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+}
+
+/// Moves this thread's wall clock `by` ahead of the monotonic one (paused tokio time stays).
+fn wall_ahead(by: Duration) {
+    WALL_AHEAD.with(|w| w.set(w.get() + by));
+}
+
+/// Red-team finding: entries were timed on the monotonic clock only, so where it lags the
+/// wall clock (a suspended VM, a restored checkpoint) a credential expired by the wall clock
+/// was served, with a come-back time in the past. Now both clocks bound it.
+#[tokio::test(start_paused = true)]
+async fn a_credential_is_never_served_past_its_wall_clock_expiry() {
+    let (cache, fake, provider) = setup(HOUR);
+    let first = get(&cache, &provider, "a").await.unwrap();
+    assert_eq!(token(&first), "fake-a-1");
+    // The VM slept 40 minutes: past the refresh time by the wall clock only. Still served,
+    // a refresh starts, and the come-back time is in the (wall clock's) future.
+    wall_ahead(40 * MIN);
+    let stale = get(&cache, &provider, "a").await.unwrap();
+    assert_eq!((token(&stale), stale.outcome), ("fake-a-1", Outcome::Stale));
+    assert!(stale.come_back > wall_now(), "come-back in the future");
+    assert!(
+        stale.come_back < first.credential.expires_at,
+        "before expiry"
+    );
+    settle().await;
+    assert_eq!(fake.calls(), 2, "the refresh ran");
+    // Slept past the expiry of what the entry holds: never served, fetched anew.
+    let (cache, fake, provider) = setup(HOUR);
+    get(&cache, &provider, "a").await.unwrap();
+    wall_ahead(2 * HOUR);
+    let after = get(&cache, &provider, "a").await.unwrap();
+    assert_eq!((token(&after), after.outcome), ("fake-a-2", Outcome::Miss));
+    assert_eq!(fake.calls(), 2);
+    assert!(after.come_back > wall_now());
+    WALL_AHEAD.with(|w| w.set(Duration::ZERO));
+}
+
 fn settings() -> CacheSettings {
     CacheSettings {
         max_entries: 100,
