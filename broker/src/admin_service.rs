@@ -103,7 +103,7 @@ impl AdminApi {
     fn authorize<T>(&self, request: &Request<T>, call: &str) -> Result<(), Status> {
         let peer = caller::peer(request.extensions());
         self.broker.authorize_admin(peer).map_err(|e| {
-            tracing::warn!(uid = ?peer.uid, call, "AdminService call refused");
+            tracing::warn!(uid = peer.uid, call, "AdminService call refused");
             Status::from(e)
         })
     }

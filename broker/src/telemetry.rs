@@ -84,7 +84,15 @@ impl CacheObserver for Telemetry {
         self.health.record(provider, result);
         if let Err(error) = result {
             let error = one_line(&error.to_string(), MAX_LOGGED_ERROR_CHARS);
-            tracing::warn!(provider, background, ?elapsed, %error, "upstream call failed");
+            // A string field, so the text log quotes it: an error holding caller text (a cluster
+            // name with spaces and `key=value`) cannot pose as fields of its own.
+            tracing::warn!(
+                provider,
+                background,
+                ?elapsed,
+                error = error.as_str(),
+                "upstream call failed"
+            );
         }
     }
 

@@ -50,13 +50,21 @@ impl TokenService for TokenApi {
                 self.broker
                     .metrics()
                     .request(&label, Code::Ok, Some(served.outcome));
-                tracing::info!(provider, cluster, code = code_name(Code::Ok), outcome = ?served.outcome, ?elapsed, uid = ?peer.uid, "GetToken");
+                tracing::info!(provider, cluster, code = code_name(Code::Ok), outcome = ?served.outcome, ?elapsed, uid = peer.uid, "GetToken");
                 Ok(Response::new(response(served)))
             }
             Err(e) => {
                 let status = Status::from(e);
                 self.broker.metrics().request(&label, status.code(), None);
-                tracing::warn!(provider, cluster, code = code_name(status.code()), ?elapsed, uid = ?peer.uid, error = status.message(), "GetToken");
+                tracing::warn!(
+                    provider,
+                    cluster,
+                    code = code_name(status.code()),
+                    ?elapsed,
+                    uid = peer.uid,
+                    error = status.message(),
+                    "GetToken"
+                );
                 Err(status)
             }
         }

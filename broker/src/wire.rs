@@ -99,7 +99,7 @@ fn rewrite(
     tracing::warn!(
         cluster = "(not decoded)",
         code = code_name(status.code()),
-        uid = ?uid,
+        uid,
         error = status.message(),
         "{}",
         quote(method)

@@ -292,6 +292,46 @@ fn caller_text_cannot_forge_log_lines_in_either_format() {
     }
 }
 
+/// Red-team finding: the text log's `error=` field of "upstream call failed" was unquoted, so
+/// a cluster name with spaces and `key=value` text posed as fields of the line. Every string
+/// field is quoted now, and `uid` is a number (not `Some(…)`) in both formats.
+#[test]
+fn caller_text_cannot_pose_as_log_fields() {
+    const POSER: &str = "x uid=4242 outcome=Hit";
+    let plugin = ExecPlugin::with(PluginOptions {
+        fail_with: Some(vec![format!("no cluster {POSER}")]),
+        ..PluginOptions::default()
+    });
+    let yaml = config("", &[exec_provider("onprem", plugin.command(), "")]);
+    for format in ["text", "json"] {
+        let broker = Broker::start_with(&yaml, &["--log-format", format], &[]);
+        assert_shim_error(&shim_for(&broker, "onprem", POSER), &["UNAVAILABLE"]);
+        let logs = broker.logs();
+        let failed: Vec<&str> = logs
+            .lines()
+            .filter(|l| l.contains("upstream call failed"))
+            .collect();
+        assert_eq!(failed.len(), 1, "{logs}");
+        if format == "text" {
+            // The only `uid=` and `outcome=` are inside the quoted error text.
+            let outside: String = failed[0].split('"').step_by(2).collect();
+            assert!(
+                !outside.contains("uid=4242") && !outside.contains("outcome=Hit"),
+                "caller text outside quotes: {}",
+                failed[0]
+            );
+            let get_token = logs.lines().find(|l| l.contains("GetToken")).unwrap();
+            assert!(get_token.contains(" uid=0"), "{get_token}");
+            assert!(!get_token.contains("Some("), "{get_token}");
+        } else {
+            for line in logs.lines().filter(|l| l.contains("GetToken")) {
+                let event: Value = serde_json::from_str(line).unwrap();
+                assert_eq!(event["fields"]["uid"], 0, "{line}");
+            }
+        }
+    }
+}
+
 #[test]
 fn plugin_stderr_never_reaches_the_shim_line_raw() {
     let plugin = ExecPlugin::with(PluginOptions {

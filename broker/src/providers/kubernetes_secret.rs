@@ -190,7 +190,7 @@ impl KubernetesSecretProvider {
         if !status.connected {
             tracing::warn!(
                 provider = %self.name,
-                secret = %format!("{namespace}/{}", target.name),
+                secret = crate::text::quote(&format!("{namespace}/{}", target.name)).as_str(),
                 error = status.error.as_deref().unwrap_or(""),
                 "serving a Secret from the last state seen: the watch on the API server is down"
             );
