@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 use crate::broker::{Broker, BrokerError};
 use crate::cache::{CacheKey, EntryInfo};
 use crate::caller;
+use crate::ratelimit::{REFUSAL_LOG_INTERVAL, RefusalLog};
 use crate::review::Answer;
 
 /// Which entries an Invalidate or Refresh targets.
@@ -75,11 +76,16 @@ impl Selection {
 #[derive(Debug, Clone)]
 pub struct AdminApi {
     broker: Arc<Broker>,
+    /// Callers outside `socket.adminUids`, logged once and then summed up.
+    refused: Arc<RefusalLog>,
 }
 
 impl AdminApi {
     pub fn new(broker: Arc<Broker>) -> Self {
-        Self { broker }
+        Self {
+            broker,
+            refused: Arc::default(),
+        }
     }
 
     /// A call that names a provider must name a configured one: an empty answer for a
@@ -103,7 +109,15 @@ impl AdminApi {
     fn authorize<T>(&self, request: &Request<T>, call: &str) -> Result<(), Status> {
         let peer = caller::peer(request.extensions());
         self.broker.authorize_admin(peer).map_err(|e| {
-            tracing::warn!(uid = peer.uid, call, "AdminService call refused");
+            if let Some(refused) = self.refused.note(peer.uid.unwrap_or(u32::MAX), true) {
+                tracing::warn!(
+                    uid = peer.uid,
+                    call,
+                    refused,
+                    "AdminService call refused: {refused} call(s) of this caller; further refusals are summed up every {}s",
+                    REFUSAL_LOG_INTERVAL.as_secs()
+                );
+            }
             Status::from(e)
         })
     }

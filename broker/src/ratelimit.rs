@@ -65,15 +65,43 @@ pub struct Limiter {
     per_second: f64,
     burst: f64,
     buckets: Mutex<HashMap<u32, Bucket>>,
+    log: RefusalLog,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
     tokens: f64,
     updated: Instant,
+}
+
+/// Refusals of one kind, per caller uid: the first is logged at once, later ones summed up at
+/// most once per [`REFUSAL_LOG_INTERVAL`] (on the next call, refused or not, once it has
+/// passed). The one rule for every per-call refusal a caller can repeat at will (the rate
+/// limit, the socket's allow lists), so that a loop never becomes as many log lines.
+#[derive(Debug, Default)]
+pub struct RefusalLog {
     /// When a refusal of this caller was last logged, and how many were not logged since.
-    logged: Option<Instant>,
-    unlogged: u64,
+    callers: Mutex<HashMap<u32, (Option<Instant>, u64)>>,
+}
+
+impl RefusalLog {
+    /// Notes a call of `uid`, refused or not; says how many refusals to log now.
+    pub fn note(&self, uid: u32, refused: bool) -> Option<u64> {
+        let now = Instant::now();
+        let mut callers = self.callers.lock().unwrap_or_else(PoisonError::into_inner);
+        if !refused && !callers.contains_key(&uid) {
+            return None;
+        }
+        let (logged, unlogged) = callers.entry(uid).or_insert((None, 0));
+        if refused {
+            *unlogged += 1;
+        }
+        let due = logged.is_none_or(|at| now.saturating_duration_since(at) >= REFUSAL_LOG_INTERVAL);
+        (*unlogged > 0 && due).then(|| {
+            *logged = Some(now);
+            std::mem::take(unlogged)
+        })
+    }
 }
 
 /// What [`Limiter::check`] decided, and whether to log refusals now.
@@ -91,6 +119,7 @@ impl Limiter {
             per_second: f64::from(config.per_second),
             burst: f64::from(config.burst),
             buckets: Mutex::new(HashMap::new()),
+            log: RefusalLog::default(),
         }
     }
 
@@ -108,8 +137,6 @@ impl Limiter {
         let bucket = buckets.entry(uid).or_insert(Bucket {
             tokens: self.burst,
             updated: now,
-            logged: None,
-            unlogged: 0,
         });
         let refill = now.saturating_duration_since(bucket.updated).as_secs_f64() * self.per_second;
         bucket.tokens = (bucket.tokens + refill).min(self.burst);
@@ -117,16 +144,9 @@ impl Limiter {
         let allowed = bucket.tokens >= 1.0;
         if allowed {
             bucket.tokens -= 1.0;
-        } else {
-            bucket.unlogged += 1;
         }
-        let due = bucket
-            .logged
-            .is_none_or(|at| now.saturating_duration_since(at) >= REFUSAL_LOG_INTERVAL);
-        let report = (bucket.unlogged > 0 && due).then(|| {
-            bucket.logged = Some(now);
-            std::mem::take(&mut bucket.unlogged)
-        });
+        drop(buckets);
+        let report = self.log.note(uid, !allowed);
         Decision { allowed, report }
     }
 }

@@ -11,10 +11,11 @@ use credbroker_proto::v1::token_service_server::TokenService;
 use credbroker_proto::v1::{GetTokenRequest, GetTokenResponse};
 use tonic::{Code, Request, Response, Status};
 
-use crate::broker::Broker;
+use crate::broker::{Broker, BrokerError};
 use crate::cache::Served;
 use crate::caller;
 use crate::providers::CredentialSecret;
+use crate::ratelimit::{REFUSAL_LOG_INTERVAL, RefusalLog};
 use crate::request::cluster_label_of;
 use crate::text::quote;
 
@@ -22,11 +23,16 @@ use crate::text::quote;
 #[derive(Debug, Clone)]
 pub struct TokenApi {
     broker: Arc<Broker>,
+    /// Callers outside the allow lists, logged once and then summed up.
+    refused: Arc<RefusalLog>,
 }
 
 impl TokenApi {
     pub fn new(broker: Arc<Broker>) -> Self {
-        Self { broker }
+        Self {
+            broker,
+            refused: Arc::default(),
+        }
     }
 }
 
@@ -54,17 +60,33 @@ impl TokenService for TokenApi {
                 Ok(Response::new(response(served)))
             }
             Err(e) => {
+                let not_allowed = matches!(e, BrokerError::CallerNotAllowed { .. });
                 let status = Status::from(e);
                 self.broker.metrics().request(&label, status.code(), None);
-                tracing::warn!(
-                    provider,
-                    cluster,
-                    code = code_name(status.code()),
-                    ?elapsed,
-                    uid = peer.uid,
-                    error = status.message(),
-                    "GetToken"
-                );
+                if !not_allowed {
+                    tracing::warn!(
+                        provider,
+                        cluster,
+                        code = code_name(status.code()),
+                        ?elapsed,
+                        uid = peer.uid,
+                        error = status.message(),
+                        "GetToken"
+                    );
+                } else if let Some(refused) = self.refused.note(peer.uid.unwrap_or(u32::MAX), true)
+                {
+                    // A caller the allow lists refuse can call in a loop: summed up.
+                    tracing::warn!(
+                        provider,
+                        cluster,
+                        code = code_name(status.code()),
+                        uid = peer.uid,
+                        refused,
+                        error = status.message(),
+                        "GetToken refused: {refused} call(s) of this caller; further refusals are summed up every {}s",
+                        REFUSAL_LOG_INTERVAL.as_secs()
+                    );
+                }
                 Err(status)
             }
         }

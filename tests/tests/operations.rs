@@ -214,6 +214,26 @@ fn callers_outside_the_allowed_uids_are_refused() {
     );
     assert!(line.contains("socket.allowedUids"), "{line}");
     assert_eq!(plugin.runs(), 1, "a refused caller causes no upstream call");
+    // Red-team finding: a refused caller in a loop made one WARN line per call. The first is
+    // logged, the rest summed up (every 10 s) like rate-limited calls.
+    for _ in 0..20 {
+        let mut cmd = as_nobody(&shim_copy);
+        cmd.args(["--provider", "onprem", "--socket"])
+            .arg(broker.socket())
+            .env("KUBERNETES_EXEC_INFO", info("a"));
+        assert_shim_error(&run(&mut cmd, COMMAND_TIMEOUT), &["PERMISSION_DENIED"]);
+    }
+    let refused: Vec<String> = broker
+        .logs()
+        .lines()
+        .filter(|l| l.contains("GetToken") && l.contains("PERMISSION_DENIED"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(refused.len(), 1, "21 refused calls, one line: {refused:?}");
+    assert!(
+        refused[0].contains("refused=1") && refused[0].contains("uid=65534"),
+        "{refused:?}"
+    );
 
     // AdminService: nobody is not an admin (default: the broker's uid and root).
     let grpcurl_copy = world_runnable(dir.path(), &grpcurl_binary());
