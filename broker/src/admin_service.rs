@@ -17,6 +17,7 @@ use crate::cache::{CacheKey, EntryInfo};
 use crate::caller;
 use crate::ratelimit::{REFUSAL_LOG_INTERVAL, RefusalLog};
 use crate::review::Answer;
+use crate::text::controls_escaped;
 
 /// Which entries an Invalidate or Refresh targets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,14 +131,16 @@ fn timestamp(t: SystemTime) -> prost_types::Timestamp {
 fn entry(info: EntryInfo) -> Entry {
     Entry {
         provider: info.key.provider.to_string(),
-        identity: info.key.identity,
+        // Identities and errors hold caller text (a file path with the cluster's name, a role
+        // a ClusterProfile admitted): escaped like every status message.
+        identity: controls_escaped(&info.key.identity).into_owned(),
         clusters: info.clusters,
         more_clusters: info.more_clusters,
         expires_at: info.expires_at.map(timestamp),
         refresh_at: info.refresh_at.map(timestamp),
         hits: info.hits,
         state: info.state.as_str().to_owned(),
-        last_error: info.last_error.unwrap_or_default(),
+        last_error: controls_escaped(&info.last_error.unwrap_or_default()).into_owned(),
         failures: info.failures,
         reasks: info.rejections.reasks,
         last_reask: info.rejections.last_reask.map(timestamp),

@@ -15,7 +15,7 @@ use crate::cache::CacheError;
 use crate::providers::ProviderError;
 use crate::providers::overrides::OverrideError;
 use crate::request::RequestError;
-use crate::text::quote;
+use crate::text::{controls_escaped, quote};
 
 /// A status message travels in an HTTP/2 trailer (clients refuse header lists past 16 KiB,
 /// and grpc-message is percent-encoded, up to three bytes per byte): whatever a provider or
@@ -25,8 +25,16 @@ const MAX_STATUS_MESSAGE_BYTES: usize = 2048;
 impl From<BrokerError> for Status {
     fn from(e: BrokerError) -> Self {
         let (code, why) = code_and_reason(&e);
-        let details = ErrorDetails::with_error_info(why, reason::DOMAIN, metadata(&e));
-        Status::with_error_details(code, cut(e.to_string(), MAX_STATUS_MESSAGE_BYTES), details)
+        // The one escaping rule, at the one door every status goes out by: whatever text a
+        // caller, a ClusterProfile, a file or an upstream put in the error, no raw control
+        // character, line separator or bidi override leaves in a message or ErrorInfo value.
+        let metadata: HashMap<String, String> = metadata(&e)
+            .into_iter()
+            .map(|(k, v)| (k, controls_escaped(&v).into_owned()))
+            .collect();
+        let details = ErrorDetails::with_error_info(why, reason::DOMAIN, metadata);
+        let message = controls_escaped(&e.to_string()).into_owned();
+        Status::with_error_details(code, cut(message, MAX_STATUS_MESSAGE_BYTES), details)
     }
 }
 

@@ -33,17 +33,39 @@ pub fn quote(s: &str) -> String {
     one_line(s, MAX_QUOTED_CHARS)
 }
 
+/// `s` with every control character, Unicode line separator and bidi override escaped, and
+/// nothing else touched (no cut, backslashes kept): the last step before text leaves the
+/// broker in a status message, an ErrorInfo value or an AdminService answer, whatever built
+/// it. Text already [`quote`]d has none of these left, so it passes unchanged.
+pub fn controls_escaped(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(needs_escape) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if needs_escape(c) {
+            push_escaped(&mut out, c);
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// C0, DEL, C1, and the Unicode line/paragraph separators and bidi overrides that can
+/// reorder or break what a reader sees.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 fn push_escaped(out: &mut String, c: char) {
     match c {
         '\n' => out.push_str("\\n"),
         '\r' => out.push_str("\\r"),
         '\t' => out.push_str("\\t"),
         '\\' => out.push_str("\\\\"),
-        // C0, DEL, C1, and the Unicode line/paragraph separators and bidi overrides that can
-        // reorder or break what a reader sees.
-        c if c.is_control()
-            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
-        {
+        c if needs_escape(c) => {
             let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
         }
         c => out.push(c),
@@ -75,6 +97,20 @@ mod tests {
         assert_eq!(one_line("abc", 3), "abc");
         assert_eq!(one_line("abcd", 3), "abc…(4 bytes)");
         assert_eq!(one_line("ééé", 1), "é…(6 bytes)");
+    }
+
+    #[test]
+    fn only_what_breaks_a_line_is_escaped_at_the_last_step() {
+        assert_eq!(controls_escaped("a\\b \"c\" é"), "a\\b \"c\" é");
+        assert_eq!(
+            controls_escaped("a\nb\u{1b}c\u{2028}d\u{202e}"),
+            "a\\nb\\u{1b}c\\u{2028}d\\u{202e}"
+        );
+        assert_eq!(
+            controls_escaped(&quote("x\ny")),
+            quote("x\ny"),
+            "quoted text is left alone"
+        );
     }
 
     #[test]

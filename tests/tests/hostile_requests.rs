@@ -13,7 +13,8 @@ use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Cluster, GetTokenRequest};
 use credbroker_tests::{
     Broker, ExecPlugin, PluginOptions, TokenFiles, V1, assert_credential, assert_shim_error,
-    exec_info, exec_provider, file_provider, run_shim, scrape_metrics, unix_channel,
+    describe, exec_info, exec_provider, file_provider, grpcurl, run_shim, scrape_metrics,
+    unix_channel,
 };
 use prost_types::value::Kind;
 use serde_json::{Value, json};
@@ -329,6 +330,64 @@ fn caller_text_cannot_pose_as_log_fields() {
                 assert_eq!(event["fields"]["uid"], 0, "{line}");
             }
         }
+    }
+}
+
+/// Red-team finding: the cluster part of a message was escaped, but the file provider's
+/// resolved path (the cluster's name in it) reached gRPC messages and ListEntries' identity
+/// and lastError raw: LF, CR, ESC, U+2028, U+202E. One rule now escapes them where text leaves.
+#[test]
+fn no_raw_control_character_leaves_in_a_status_or_an_admin_answer() {
+    const NASTY: &str = "a\nb\rc\u{1b}[2Jd\u{2028}e\u{202e}f";
+    // grpcurl's own layout has newlines and tabs; what the broker sent must add no other.
+    let raw = |s: &str| {
+        s.chars().any(|c| {
+            c.is_control() && !matches!(c, '\n' | '\t') || matches!(c, '\u{2028}' | '\u{202e}')
+        })
+    };
+    let files = TokenFiles::new();
+    let broker = Broker::start(&config("", &[file_provider("static", &files.template())]));
+    let request = json!({"provider": "static", "cluster": {"server": "https://a.example",
+        "configJson": json!({"clusterName": NASTY}).to_string()}});
+    let out = grpcurl(
+        broker.socket(),
+        &["-d", &request.to_string()],
+        &["credbroker.v1.TokenService/GetToken"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("NotFound"),
+        "{}",
+        describe(&out)
+    );
+    // grpcurl prints the message on its own lines: no line of it holds a raw character.
+    assert!(
+        !raw(&stderr),
+        "raw control character in the status: {stderr:?}"
+    );
+    assert!(
+        stderr.contains("\\u{1b}") && stderr.contains("\\u{202e}"),
+        "{stderr:?}"
+    );
+    let out = grpcurl(
+        broker.socket(),
+        &["-d", "{}"],
+        &["credbroker.v1.AdminService/ListEntries"],
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let entry = &list["entries"][0];
+    for field in ["identity", "lastError"] {
+        let text = entry[field]
+            .as_str()
+            .unwrap_or_else(|| panic!("{field}: {entry}"));
+        assert!(
+            !text
+                .chars()
+                .any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{202e}')),
+            "{field} holds a raw control character: {text:?}"
+        );
+        assert!(text.contains("\\u{1b}"), "{field}: {text:?}");
     }
 }
 
