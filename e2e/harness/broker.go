@@ -176,10 +176,11 @@ func Sum(m map[string]float64, name string, labels ...string) float64 {
 	return total
 }
 
-// Counts are the broker's figures the scenarios print. Reasks are callers asking again before
-// their come-back time, each checked with the cluster's API server; Rejected are the checks
-// the API server answered 401 (confirmed rejections, what the alert fires on); Unchecked the
-// re-asks taken as rejections without a check (no cluster info in the request).
+// Counts are the broker's figures the scenarios print. Reasks are the re-asks (a caller asking
+// again before its come-back time) checked with the cluster's API server, one per check (a
+// re-ask about a credential already replaced needs none); Rejected are the checks the API
+// server answered 401 (confirmed rejections, what the alert fires on); Unchecked the re-asks
+// taken as rejections without a check (no cluster info in the request).
 type Counts struct {
 	Requests, OK, Fetches, FetchErrors, Reasks, Rejected, Unchecked float64
 }

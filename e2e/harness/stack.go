@@ -448,20 +448,11 @@ func (s *Stack) WaitAdmitted(ctx context.Context, set, job string, timeout time.
 	var a Admission
 	var lastState string
 	err := Poll(ctx, timeout, 250*time.Millisecond, func() (bool, error) {
-		wls, err := List(ctx, s.Env.Hub.Client, "kueue.x-k8s.io/v1beta2", "Workload", set)
+		wls, err := s.JobWorkloads(ctx, set, job)
 		if err != nil {
 			return false, err
 		}
 		for _, wl := range wls {
-			owned := false
-			for _, o := range wl.GetOwnerReferences() {
-				if o.Kind == "Job" && o.Name == job {
-					owned = true
-				}
-			}
-			if !owned {
-				continue
-			}
 			a.Workload = wl.GetName()
 			a.ClusterName, _, _ = unstructured.NestedString(wl.Object, "status", "clusterName")
 			checks, _, _ := unstructured.NestedSlice(wl.Object, "status", "admissionChecks")
@@ -485,6 +476,24 @@ func (s *Stack) WaitAdmitted(ctx context.Context, set, job string, timeout time.
 		return nil, fmt.Errorf("job %s/%s not admitted on a worker: %w", set, job, err)
 	}
 	return &a, nil
+}
+
+// JobWorkloads are the hub's Workloads in namespace set owned by Job job.
+func (s *Stack) JobWorkloads(ctx context.Context, set, job string) ([]unstructured.Unstructured, error) {
+	wls, err := List(ctx, s.Env.Hub.Client, "kueue.x-k8s.io/v1beta2", "Workload", set)
+	if err != nil {
+		return nil, err
+	}
+	var owned []unstructured.Unstructured
+	for _, wl := range wls {
+		for _, o := range wl.GetOwnerReferences() {
+			if o.Kind == "Job" && o.Name == job {
+				owned = append(owned, wl)
+				break
+			}
+		}
+	}
+	return owned, nil
 }
 
 // WorkerHasWorkload checks the worker cluster holds the Workload copy.

@@ -4,6 +4,13 @@
 //! `/api/v1` and an empty pod list in `default`, a SelfSubjectReview (201) on
 //! `POST /apis/authentication.k8s.io/v1/selfsubjectreviews` (the broker's re-ask check), and
 //! 200 with a small JSON body anywhere else.
+//!
+//! Why a fake beside the real one: kubectl runs through the shim against a real kube-apiserver
+//! in the real-cluster suite (`e2e/`, `TestKubectlThroughTheShim`: one-shot runs and `kubectl
+//! proxy` recovering from a revoked token), which needs root and Go. This fake stays for a
+//! plain `cargo test` and for what a real server does not give a test: the exact token each
+//! request carried, which server it reached, and any `/version` (the Google Cloud SDK's kubectl
+//! dispatcher re-executes itself only for a server version it has a binary for, 1.31 here).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -7,6 +7,12 @@
 //!
 //! It shares the other fakes' CA ([`tls_config`](super::tls_config)) but not
 //! [`FakeHttps`](super::FakeHttps): it streams watch responses and restarts on its port.
+//!
+//! Why a fake beside the real one: the provider's watch runs against the real hub API server
+//! in the real-cluster suite (`e2e/`, `TestDispatchKubernetesSecret`), which needs root and
+//! Go. This fake stays for what a real server cannot be made to do on demand and on time: an
+//! exact count of list calls, the selector and path of every request, a stop that drops every
+//! connection mid-watch and a start on the same port, all inside a plain `cargo test`.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
