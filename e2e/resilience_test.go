@@ -252,3 +252,41 @@ func nudge(ctx context.Context, s *harness.Stack, ns, job string) error {
 	wl.SetAnnotations(ann)
 	return fleet.Hub.Client.Update(ctx, &wl)
 }
+
+// TestKueueRestart: Kueue's manager restarts while the broker runs: every cluster is served
+// from the broker's cache, no upstream fetch.
+func TestKueueRestart(t *testing.T) {
+	ctx := context.Background()
+	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, execProvider), KueueConfig: kueueConfig(t)})
+	workers, _ := execWorkers(t, s, "krestart", fleet.Workers)
+	dispatch(t, s, "krestart", "accessProviders", workers)
+	runs0 := pluginRuns(s)
+	c0, _ := s.Broker.CountsFor("onprem")
+	if err := s.Kueue.Stop(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := s.StartKueue(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := harness.Poll(ctx, 2*time.Minute, 200*time.Millisecond, func() (bool, error) {
+		c, err := s.Broker.CountsFor("onprem")
+		return err == nil && c.Requests-c0.Requests >= float64(len(workers)), err
+	}); err != nil {
+		t.Fatalf("the restarted Kueue did not ask the broker for every cluster: %v", err)
+	}
+	if err := s.SubmitJob(ctx, "krestart", "krestart-after"); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.WaitAdmitted(ctx, "krestart", "krestart-after", 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, _ := s.Broker.CountsFor("onprem")
+	runs := pluginRuns(s) - runs0
+	t.Logf("Kueue restarted: Job admitted on %s %.2fs after the restart; %v GetToken calls, %d upstream fetches, %v re-asks (%v confirmed rejections)",
+		a.ClusterName, a.At.Sub(start).Seconds(), c1.Requests-c0.Requests, runs, c1.Reasks-c0.Reasks, c1.Rejected-c0.Rejected)
+	if runs != 0 || c1.Fetches != c0.Fetches {
+		t.Errorf("upstream fetches after Kueue's restart = %d; want 0 (served from the cache)", runs)
+	}
+}
