@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -25,7 +24,6 @@ import (
 // worker revokes recover at their next request with one upstream fetch, after the broker's
 // check got the worker's 401 (one confirmed rejection for both).
 func TestKubectlThroughTheShim(t *testing.T) {
-	ctx := context.Background()
 	kubectl, err := exec.LookPath("kubectl")
 	if err != nil {
 		t.Fatalf("kubectl is missing (scripts/test.sh installs it): %v", err)
@@ -47,18 +45,7 @@ func TestKubectlThroughTheShim(t *testing.T) {
 	const cluster = "kubectl-1"
 	first := auth.Issue(w.Name)
 	writeFile(t, filepath.Join(run, "tokens", cluster), first+"\n")
-	b, err := harness.StartBroker(ctx, harness.BrokerOptions{
-		Content: content, Config: brokerConfig(t, execProvider),
-		SocketDir: filepath.Join(dir, "socket"), TokenDir: filepath.Join(dir, "tokens"), Dir: filepath.Join(dir, "broker"),
-		Mounts: []harness.Mount{
-			{Src: plugin, Dst: "/opt/e2e/bin/tokenplugin"},
-			{Src: run, Dst: "/var/run/e2e", RW: true},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = b.Stop(5 * time.Second) }()
+	b := startExecBroker(t, dir, run)
 	// The shim where uid 65532 can run it (the image content may sit under root's home).
 	shim := filepath.Join(dir, "credbroker-shim")
 	if out, err := exec.Command("cp", filepath.Join(content, "plugins/bin/credbroker-shim"), shim).CombinedOutput(); err != nil {

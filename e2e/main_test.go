@@ -140,6 +140,26 @@ func brokerConfig(t *testing.T, providers ...string) map[string]any {
 	return cfg
 }
 
+// startExecBroker starts a broker alone (no Kueue) with deploy/'s config and the exec
+// provider running the token plugin, its tokens and run log in run (mounted at /var/run/e2e);
+// stopped when the test ends.
+func startExecBroker(t *testing.T, dir, run string) *harness.Broker {
+	t.Helper()
+	b, err := harness.StartBroker(context.Background(), harness.BrokerOptions{
+		Content: content, Config: brokerConfig(t, execProvider),
+		SocketDir: filepath.Join(dir, "socket"), TokenDir: filepath.Join(dir, "tokens"), Dir: filepath.Join(dir, "broker"),
+		Mounts: []harness.Mount{
+			{Src: plugin, Dst: "/opt/e2e/bin/tokenplugin"},
+			{Src: run, Dst: "/var/run/e2e", RW: true},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Stop(5 * time.Second) })
+	return b
+}
+
 func startStack(t *testing.T, env *harness.Env, o harness.StackOptions) *harness.Stack {
 	t.Helper()
 	ctx := context.Background()

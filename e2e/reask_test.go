@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -31,7 +30,6 @@ import (
 // tls-server-name. This test process runs the shim twice with the same environment, as a
 // process with a second authenticator for a cluster does.
 func TestReaskChecks(t *testing.T) {
-	ctx := context.Background()
 	w := fleet.Workers[0]
 	dir := filepath.Join(scratch, "reask")
 	run := filepath.Join(dir, "run")
@@ -59,18 +57,7 @@ func TestReaskChecks(t *testing.T) {
 		writeFile(t, filepath.Join(run, "tokens", name+".crt"), string(pair[0]))
 		writeFile(t, filepath.Join(run, "tokens", name+".key"), string(pair[1]))
 	}
-	b, err := harness.StartBroker(ctx, harness.BrokerOptions{
-		Content: content, Config: brokerConfig(t, execProvider),
-		SocketDir: filepath.Join(dir, "socket"), TokenDir: filepath.Join(dir, "tokens"), Dir: filepath.Join(dir, "broker"),
-		Mounts: []harness.Mount{
-			{Src: plugin, Dst: "/opt/e2e/bin/tokenplugin"},
-			{Src: run, Dst: "/var/run/e2e", RW: true},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = b.Stop(5 * time.Second) }()
+	b := startExecBroker(t, dir, run)
 	u, err := url.Parse(w.Server)
 	if err != nil {
 		t.Fatal(err)
