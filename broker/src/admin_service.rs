@@ -74,6 +74,62 @@ impl Selection {
     }
 }
 
+/// ListEntries' page when the caller names none: a few hundred KiB at most.
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+/// The most entries a page holds, whatever the caller asks.
+pub const MAX_PAGE_SIZE: usize = 1000;
+/// A page stops before this many bytes of entries: a quarter of the 4 MiB a gRPC client takes
+/// by default (grpcurl, grpc-go), so the answer fits with room for the framing. An entry is
+/// at most a few tens of KiB (32 clusters of at most 256 characters, an identity, an error),
+/// so even one page of them is far below the client's limit.
+pub const MAX_PAGE_BYTES: usize = 1024 * 1024;
+
+/// Where a ListEntries page starts: after this key, in the cache's order (provider, then
+/// identity). Given out as hex, so it is opaque and safe in JSON and on a command line.
+struct PageToken(CacheKey);
+
+impl PageToken {
+    fn after(key: &CacheKey) -> String {
+        let text = format!("{}:{}{}", key.provider.len(), key.provider, key.identity);
+        text.bytes().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn parse(token: &str) -> Result<Option<Self>, BrokerError> {
+        if token.is_empty() {
+            return Ok(None);
+        }
+        let bad = || {
+            BrokerError::BadSelection(
+                "page_token is not one this broker gave out: pass next_page_token back as it came, or leave it empty for the first page".into(),
+            )
+        };
+        if !token.len().is_multiple_of(2) || token.len() > 2 * MAX_PAGE_BYTES {
+            return Err(bad());
+        }
+        let bytes: Vec<u8> = (0..token.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(token.get(i..i + 2).unwrap_or("zz"), 16))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad())?;
+        let text = String::from_utf8(bytes).map_err(|_| bad())?;
+        let (len, rest) = text.split_once(':').ok_or_else(bad)?;
+        let len: usize = len.parse().map_err(|_| bad())?;
+        if !rest.is_char_boundary(len.min(rest.len())) || len > rest.len() {
+            return Err(bad());
+        }
+        let (provider, identity) = rest.split_at(len);
+        Ok(Some(Self(CacheKey {
+            provider: provider.into(),
+            identity: identity.to_owned(),
+        })))
+    }
+
+    /// Whether `key` comes after this page's last entry.
+    fn precedes(&self, key: &CacheKey) -> bool {
+        (&*self.0.provider, &self.0.identity) < (&*key.provider, &key.identity)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct AdminApi {
     broker: Arc<Broker>,
@@ -163,17 +219,38 @@ impl AdminService for AdminApi {
         request: Request<ListEntriesRequest>,
     ) -> Result<Response<ListEntriesResponse>, Status> {
         self.authorize(&request, "ListEntries")?;
-        let provider = request.into_inner().provider;
-        self.check_provider(&provider)?;
-        let entries = self
-            .broker
-            .cache()
-            .entries()
+        let r = request.into_inner();
+        self.check_provider(&r.provider)?;
+        let after = PageToken::parse(&r.page_token)?;
+        let page_size = match r.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n => usize::try_from(n).unwrap_or(usize::MAX).min(MAX_PAGE_SIZE),
+        };
+        let listed = self.broker.cache().entries();
+        let mut wanted = listed
             .into_iter()
-            .filter(|e| provider.is_empty() || *e.key.provider == *provider)
-            .map(entry)
-            .collect();
-        Ok(Response::new(ListEntriesResponse { entries }))
+            .filter(|e| r.provider.is_empty() || *e.key.provider == *r.provider)
+            .filter(|e| after.as_ref().is_none_or(|a| a.precedes(&e.key)))
+            .peekable();
+        let (mut entries, mut bytes, mut last) = (Vec::new(), 0, None);
+        while let Some(info) = wanted.peek() {
+            let row = entry(info.clone());
+            let len = prost::Message::encoded_len(&row);
+            if entries.len() == page_size || (!entries.is_empty() && bytes + len > MAX_PAGE_BYTES) {
+                break;
+            }
+            bytes += len;
+            last = wanted.next().map(|e| e.key);
+            entries.push(row);
+        }
+        let next_page_token = match (wanted.peek(), last) {
+            (Some(_), Some(last)) => PageToken::after(&last),
+            _ => String::new(),
+        };
+        Ok(Response::new(ListEntriesResponse {
+            entries,
+            next_page_token,
+        }))
     }
 
     async fn invalidate(
@@ -290,6 +367,39 @@ mod tests {
         for (p, i, all) in [("", "", false), ("", "id", false), ("p", "", true)] {
             let err = Selection::parse(p.into(), i.into(), all).unwrap_err();
             assert_eq!(Status::from(err).code(), tonic::Code::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn page_tokens_come_back_as_the_key_they_name_and_nothing_else_parses() {
+        let key = CacheKey {
+            provider: "p:1".into(),
+            identity: "ünï 2:x\n".into(),
+        };
+        let token = PageToken::after(&key);
+        assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
+        let back = PageToken::parse(&token).unwrap().unwrap();
+        assert_eq!(back.0, key);
+        assert!(!back.precedes(&key), "a page starts after its token's key");
+        let next = CacheKey {
+            identity: format!("{}!", key.identity),
+            ..key.clone()
+        };
+        assert!(back.precedes(&next));
+        assert!(PageToken::parse("").unwrap().is_none());
+        for bad in [
+            "zz",
+            "abc",
+            "3a",
+            "31",
+            "393a70",
+            "ff00",
+            &"00".repeat(MAX_PAGE_BYTES + 1),
+        ] {
+            let err = PageToken::parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} parsed"));
+            assert!(err.to_string().contains("page_token"), "{err}");
         }
     }
 }

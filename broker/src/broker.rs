@@ -154,6 +154,7 @@ impl Broker {
         let telemetry = Arc::new(Telemetry::new(metrics.clone(), health.clone()));
         let cache = Cache::new(CacheSettings {
             max_entries: config.cache.max_entries,
+            max_bytes: config.cache.max_bytes,
             idle_timeout: config.cache.idle_timeout.0,
             upstream_timeout: UPSTREAM_TIMEOUT,
             max_concurrent_fetches: config.cache.max_concurrent_fetches,

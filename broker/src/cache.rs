@@ -5,7 +5,12 @@
 //! The bound (`cache.maxEntries`) is on entries that hold a credential: only a fetch that
 //! succeeds can push another credential out (the least recently used). Entries still fetching
 //! their first credential do not count, and entries that hold only a failure (backoff state,
-//! the last error) live under their own small bound, [`MAX_REMEMBERED_FAILURES`]. Upstream
+//! the last error) live under their own small bound, [`MAX_REMEMBERED_FAILURES`]. What entries
+//! weigh together is bounded too (`cache.maxBytes`): a request can carry tens of KiB that
+//! `limits.*` admit (CA data, the exec extension, the server), so a count alone bounds
+//! nothing. Each entry's weight ([`State::weight`]) is what it holds on the heap plus
+//! [`ENTRY_OVERHEAD`], recomputed whenever a fetch completes and at every idle sweep; past
+//! the bound, remembered failures go first, then the least recently used credentials. Upstream
 //! calls run through a per-provider gate of `cache.maxConcurrentFetches` permits, whether a
 //! caller, a background refresh or an operator started them; a caller that joins a fetch
 //! already running takes no permit.
@@ -65,6 +70,10 @@ pub const MAX_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
 /// each, well under a MiB. Kept apart from `cache.maxEntries`, so failures never push a
 /// held credential out.
 pub const MAX_REMEMBERED_FAILURES: usize = 1024;
+/// What `cache.maxBytes` counts for an entry besides the bytes of its strings: the map slot,
+/// the state, its locks and `Arc`s. BENCHMARKS.md measured 1 615 bytes of RSS per EKS entry
+/// holding a 493-byte token and a request of about 100 bytes, so about 1 KiB.
+pub const ENTRY_OVERHEAD: usize = 1024;
 
 /// Which credential an entry holds: the provider's name and the identity it resolved.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -169,6 +178,8 @@ pub const LISTED_CLUSTERS: usize = 32;
 pub struct CacheSettings {
     /// Entries holding a credential.
     pub max_entries: u64,
+    /// What entries may weigh together ([`State::weight`]).
+    pub max_bytes: u64,
     pub idle_timeout: Duration,
     /// Bounds an upstream call, and separately its wait for a permit.
     pub upstream_timeout: Duration,
@@ -278,6 +289,8 @@ impl Class {
 struct Placed {
     class: Class,
     slot: Arc<Slot>,
+    /// [`State::weight`] when last weighed.
+    weight: usize,
 }
 
 /// Every entry, and how many of each class, kept in step under one lock. Lock order: the
@@ -286,13 +299,47 @@ struct Placed {
 struct Table {
     slots: HashMap<CacheKey, Placed>,
     counts: [usize; Class::ALL],
+    /// The sum of the entries' weights.
+    bytes: usize,
 }
 
 impl Table {
     fn remove(&mut self, key: &CacheKey) -> Option<Placed> {
         let placed = self.slots.remove(key)?;
         self.counts[placed.class.index()] -= 1;
+        self.bytes -= placed.weight;
         Some(placed)
+    }
+
+    /// Weighs the entry at `key` again.
+    fn reweigh(&mut self, key: &CacheKey, weight: usize) {
+        if let Some(placed) = self.slots.get_mut(key) {
+            self.bytes = self.bytes - placed.weight + weight;
+            placed.weight = weight;
+        }
+    }
+
+    /// Makes room under `cache.maxBytes`: forgets remembered failures, then drops credentials
+    /// that can no longer be served, then the least recently used ones; never an entry that is
+    /// fetching (its callers wait on it) and never `keep` (what just came in).
+    fn evict_bytes(&mut self, max: u64, keep: Option<&CacheKey>, now: Instant) {
+        while u64::try_from(self.bytes).unwrap_or(u64::MAX) > max {
+            let victim = self
+                .slots
+                .iter()
+                .filter(|(key, placed)| placed.class != Class::Pending && Some(*key) != keep)
+                .filter_map(|(key, placed)| {
+                    let st = placed.slot.lock();
+                    let servable = st.current.as_ref().is_some_and(|f| f.servable(now));
+                    st.inflight
+                        .is_none()
+                        .then(|| ((placed.class == Class::Held, servable, st.last_access), key))
+                })
+                .min_by_key(|(rank, _)| *rank)
+                .map(|(_, key)| key.clone());
+            let Some(victim) = victim else { return };
+            self.remove(&victim);
+        }
     }
 
     /// Makes room after a credential came in: drops the least recently used entry that holds
@@ -377,6 +424,25 @@ struct State {
 }
 
 impl State {
+    /// What the entry weighs for `cache.maxBytes`: the bytes it holds on the heap (its key,
+    /// credential, the request kept for refreshes, the clusters listed, the last error, the
+    /// callers remembered) plus [`ENTRY_OVERHEAD`]. An estimate, not an allocator's count.
+    fn weight(&self, key: &CacheKey) -> usize {
+        ENTRY_OVERHEAD
+            + key.identity.len()
+            + self
+                .current
+                .as_ref()
+                .map_or(0, |f| f.credential.heap_bytes())
+            + self
+                .last_request
+                .as_ref()
+                .map_or(0, |(req, target)| req.heap_bytes() + target.key().len())
+            + self.clusters.iter().map(String::len).sum::<usize>()
+            + self.last_error.as_ref().map_or(0, |e| e.to_string().len())
+            + self.rejections.as_ref().map_or(0, |m| m.heap_bytes())
+    }
+
     fn class(&self) -> Class {
         if self.current.is_some() {
             Class::Held
@@ -777,7 +843,10 @@ impl Cache {
         target: &Resolved,
         background: bool,
     ) -> Inflight {
-        st.last_request = Some((StoredRequest::new(req), target.clone()));
+        st.last_request = Some((
+            StoredRequest::new(req, provider.reads_certificate_authority()),
+            target.clone(),
+        ));
         let inner = Arc::clone(&self.inner);
         let key = CacheKey::new(&req.provider, target);
         let slot = Arc::clone(slot);
@@ -853,6 +922,16 @@ impl Cache {
         for key in &stale {
             table.remove(key);
         }
+        // Entries grow between fetches (the clusters they list): weighed again here.
+        let weights: Vec<(CacheKey, usize)> = table
+            .slots
+            .iter()
+            .map(|(key, placed)| (key.clone(), placed.slot.lock().weight(key)))
+            .collect();
+        for (key, weight) in &weights {
+            table.reweigh(key, *weight);
+        }
+        table.evict_bytes(self.inner.settings.max_bytes, None, now);
         stale.len()
     }
 
@@ -954,6 +1033,11 @@ impl Cache {
     pub fn entry_count(&self) -> u64 {
         u64::try_from(self.inner.table().slots.len()).unwrap_or(u64::MAX)
     }
+
+    /// What the entries weigh together, as `cache.maxBytes` counts it.
+    pub fn bytes(&self) -> u64 {
+        u64::try_from(self.inner.table().bytes).unwrap_or(u64::MAX)
+    }
 }
 
 impl Inner {
@@ -977,12 +1061,15 @@ impl Inner {
             return (Arc::clone(&placed.slot), placed.class);
         }
         let slot = Arc::new(Slot::default());
+        let weight = slot.lock().weight(key);
         table.counts[Class::Pending.index()] += 1;
+        table.bytes += weight;
         table.slots.insert(
             key.clone(),
             Placed {
                 class: Class::Pending,
                 slot: Arc::clone(&slot),
+                weight,
             },
         );
         (slot, Class::Pending)
@@ -998,14 +1085,20 @@ impl Inner {
         if !Arc::ptr_eq(&placed.slot, slot) {
             return;
         }
-        let (was, now) = (placed.class, slot.lock().class());
+        let (was, now, weight) = {
+            let st = slot.lock();
+            (placed.class, st.class(), st.weight(key))
+        };
         placed.class = now;
         table.counts[was.index()] -= 1;
         table.counts[now.index()] += 1;
+        table.reweigh(key, weight);
+        let at = Instant::now();
         if now == Class::Held {
-            table.evict_held(self.settings.max_entries, key, Instant::now());
+            table.evict_held(self.settings.max_entries, key, at);
         }
         table.evict_failed();
+        table.evict_bytes(self.settings.max_bytes, Some(key), at);
     }
 
     /// The provider's gate, created with `maxConcurrentFetches` permits on first use.

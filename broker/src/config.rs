@@ -35,8 +35,18 @@ pub const MAX_SOCKET_PATH_BYTES: usize = 107;
 /// the broker raises itself to. At the cap, the oldest connection without a call in flight is
 /// closed to make room (see `conn.rs`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 2_048;
-/// The design's default bound. One entry is a few hundred bytes, so this is a few MiB at most.
+/// The design's default bound on entries. A typical entry is 1–2 KiB (an EKS entry measured
+/// 1 615 bytes, BENCHMARKS.md), so this is 10–20 MiB; [`DEFAULT_MAX_BYTES`] bounds entries
+/// that carry the largest requests `limits.*` admits (about 60 KiB each).
 pub const DEFAULT_MAX_ENTRIES: u64 = 10_000;
+/// The bound on what entries weigh together (their requests, credentials, identities and
+/// listed clusters, plus a fixed overhead each; see `cache.rs`). A quarter of the shipped
+/// sidecar's 256 Mi memory limit: the rest is the runtime, connections and the requests in
+/// flight. 10 000 typical entries fit with room to spare.
+pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
+/// Below this an entry carrying the largest admitted request (about 60 KiB) would not fit
+/// beside a few others.
+pub const MIN_MAX_BYTES: u64 = 1024 * 1024;
 /// Longer than the longest cloud token lifetime we serve (AKS tokens live 60–90 min), so an
 /// entry that client-go still comes back to is not aged out between two of its visits.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(2 * 60 * 60);
@@ -292,6 +302,9 @@ fn default_socket_path() -> PathBuf {
 pub struct CacheConfig {
     #[serde(default = "default_max_entries")]
     pub max_entries: u64,
+    /// What entries may weigh together, in bytes ([`DEFAULT_MAX_BYTES`]).
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: u64,
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout: ConfigDuration,
     /// Per provider: callers, background refreshes and AdminService refreshes share it.
@@ -303,6 +316,7 @@ impl Default for CacheConfig {
     fn default() -> Self {
         Self {
             max_entries: DEFAULT_MAX_ENTRIES,
+            max_bytes: DEFAULT_MAX_BYTES,
             idle_timeout: default_idle_timeout(),
             max_concurrent_fetches: DEFAULT_MAX_CONCURRENT_FETCHES,
         }
@@ -311,6 +325,9 @@ impl Default for CacheConfig {
 
 fn default_max_entries() -> u64 {
     DEFAULT_MAX_ENTRIES
+}
+fn default_max_bytes() -> u64 {
+    DEFAULT_MAX_BYTES
 }
 fn default_max_concurrent_fetches() -> usize {
     DEFAULT_MAX_CONCURRENT_FETCHES
@@ -711,6 +728,15 @@ impl ConfigFile {
         if self.cache.max_entries == 0 {
             return Err(("cache.maxEntries".into(), "must be at least 1".into()));
         }
+        if self.cache.max_bytes < MIN_MAX_BYTES {
+            return Err((
+                "cache.maxBytes".into(),
+                format!(
+                    "must be at least {MIN_MAX_BYTES} (1 MiB), got {}: an entry with the largest request the limits admit weighs about 60 KiB",
+                    self.cache.max_bytes
+                ),
+            ));
+        }
         if !(1..=MAX_CONCURRENT_FETCHES_CEILING).contains(&self.cache.max_concurrent_fetches) {
             return Err((
                 "cache.maxConcurrentFetches".into(),
@@ -952,6 +978,10 @@ providers:
             ),
             ("socket: {path: /a, mode: 660}\n", "quoted octal string"),
             ("cache: {maxEntries: 0}\n", "cache.maxEntries"),
+            (
+                "cache: {maxBytes: 1000}\n",
+                "cache.maxBytes: must be at least 1048576 (1 MiB), got 1000",
+            ),
             (
                 "cache: {maxConcurrentFetches: 0}\n",
                 "cache.maxConcurrentFetches: must be between 1 and 4096",

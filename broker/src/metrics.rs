@@ -78,6 +78,7 @@ pub struct Metrics {
     reask_checks: Family<ReaskLabels, Counter>,
     upstream_duration: Family<UpstreamLabels, Histogram, fn() -> Histogram>,
     entries: Gauge,
+    bytes: Gauge,
     rate_limited: Counter,
 }
 
@@ -141,6 +142,12 @@ impl Metrics {
         );
         let entries = Gauge::default();
         registry.register("cache_entries", "Entries in the cache", entries.clone());
+        let bytes = Gauge::default();
+        registry.register(
+            "cache_bytes",
+            "What the cache's entries weigh together, as cache.maxBytes counts it",
+            bytes.clone(),
+        );
         // No uid label: the rate limiter's warn lines name the uid.
         let rate_limited = Counter::default();
         registry.register(
@@ -165,6 +172,7 @@ impl Metrics {
             reask_checks,
             upstream_duration,
             entries,
+            bytes,
             rate_limited,
         }
     }
@@ -225,10 +233,13 @@ impl Metrics {
         }
     }
 
-    /// The OpenMetrics text exposition, with the entries gauge read from `cache` now.
+    /// The OpenMetrics text exposition, with the entries and bytes gauges read from `cache`
+    /// now.
     pub fn render(&self, cache: &Cache) -> String {
         self.entries
             .set(i64::try_from(cache.entry_count()).unwrap_or(i64::MAX));
+        self.bytes
+            .set(i64::try_from(cache.bytes()).unwrap_or(i64::MAX));
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

@@ -197,6 +197,16 @@ pub struct RejectionInfo {
 }
 
 impl Memory {
+    /// The bytes it holds on the heap beside its own (what `cache.maxBytes` counts).
+    pub fn heap_bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.callers.capacity() * std::mem::size_of::<Record>()
+            + match &self.answered {
+                Some((_, _, Answer::Unreachable(why) | Answer::Unchecked(why))) => why.len(),
+                _ => 0,
+            }
+    }
+
     /// Judges a request from `caller` while the entry holds `current`, counting a re-ask.
     pub fn reask(&mut self, caller: &CallerId, now: Instant, current: CredentialDigest) -> Reask {
         let Some(record) = self.callers.iter().find(|r| r.caller == *caller) else {

@@ -525,13 +525,19 @@ struct StoredCluster {
 }
 
 impl StoredRequest {
-    pub fn new(req: &TokenRequest) -> Self {
+    /// `req` as text, with its CA data only when `with_ca` (a provider that passes it on):
+    /// otherwise the request again has none.
+    pub fn new(req: &TokenRequest, with_ca: bool) -> Self {
         let cluster = req.cluster.as_ref().map(|c| {
             Box::new(StoredCluster {
                 server: c.server.as_str().into(),
                 tls_server_name: c.tls_server_name.as_str().into(),
                 insecure_skip_tls_verify: c.insecure_skip_tls_verify,
-                certificate_authority_data: c.certificate_authority_data.as_slice().into(),
+                certificate_authority_data: if with_ca {
+                    c.certificate_authority_data.as_slice().into()
+                } else {
+                    Box::default()
+                },
                 proxy_url: c.proxy_url.as_str().into(),
                 disable_compression: c.disable_compression,
                 config: c.config.json.clone(),
@@ -544,7 +550,20 @@ impl StoredRequest {
         }
     }
 
-    /// The request again, as it arrived.
+    /// The bytes it holds on the heap (what `cache.maxBytes` counts).
+    pub fn heap_bytes(&self) -> usize {
+        self.provider.len()
+            + self.cluster.as_ref().map_or(0, |c| {
+                std::mem::size_of::<StoredCluster>()
+                    + c.server.len()
+                    + c.tls_server_name.len()
+                    + c.certificate_authority_data.len()
+                    + c.proxy_url.len()
+                    + c.config.len()
+            })
+    }
+
+    /// The request again, as it arrived (less the CA data if it was not kept).
     pub fn request(&self) -> TokenRequest {
         let cluster = self.cluster.as_ref().map(|c| ClusterInfo {
             server: c.server.to_string(),
@@ -674,13 +693,29 @@ mod tests {
             }),
             interactive: true,
         };
-        assert_eq!(StoredRequest::new(&req).request(), req);
+        assert_eq!(StoredRequest::new(&req, true).request(), req);
         let bare = TokenRequest {
             provider: "p".into(),
             cluster: None,
             interactive: false,
         };
-        assert_eq!(StoredRequest::new(&bare).request(), bare);
+        assert_eq!(StoredRequest::new(&bare, true).request(), bare);
+        // Without the CA data (a provider that does not pass it on), the rest is the same.
+        let kept = StoredRequest::new(&req, false);
+        let again = kept.request();
+        let (before, after) = (req.cluster.clone().unwrap(), again.cluster.unwrap());
+        assert!(after.certificate_authority_data.is_empty());
+        assert_eq!(
+            ClusterInfo {
+                certificate_authority_data: before.certificate_authority_data.clone(),
+                ..after
+            },
+            before
+        );
+        assert_eq!(
+            StoredRequest::new(&req, true).heap_bytes() - kept.heap_bytes(),
+            before.certificate_authority_data.len()
+        );
     }
 
     #[test]
@@ -849,7 +884,7 @@ mod tests {
         assert_eq!(cluster.config.as_json(), Some(text));
         assert_eq!(cluster.to_exec_cluster().config.as_deref(), Some(text));
         // Kept for a refresh as the same text.
-        let again = StoredRequest::new(&req).request();
+        let again = StoredRequest::new(&req, true).request();
         assert_eq!(again, req);
         assert_eq!(again.cluster.unwrap().config.as_json(), Some(text));
         assert_eq!(cluster_label_of(&with_json(text)), "a");

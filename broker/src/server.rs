@@ -283,8 +283,9 @@ fn restart_only_changes(running: &Config, next: &Config) -> Vec<&'static str> {
                 || next.socket.max_connections != running.socket.max_connections,
         ),
         (
-            "cache.maxEntries, cache.idleTimeout and cache.maxConcurrentFetches",
+            "cache.maxEntries, cache.maxBytes, cache.idleTimeout and cache.maxConcurrentFetches",
             next.cache.max_entries != running.cache.max_entries
+                || next.cache.max_bytes != running.cache.max_bytes
                 || next.cache.idle_timeout != running.cache.idle_timeout
                 || next.cache.max_concurrent_fetches != running.cache.max_concurrent_fetches,
         ),

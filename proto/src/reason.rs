@@ -22,7 +22,7 @@ pub const INVALID_REQUEST: &str = "INVALID_REQUEST";
 /// Metadata: `limit` (the config key, e.g. `limits.maxRequestBytes`).
 pub const REQUEST_OVER_LIMIT: &str = "REQUEST_OVER_LIMIT";
 /// `INVALID_ARGUMENT`: an AdminService Invalidate/Refresh selection that selects nothing
-/// or contradicts itself.
+/// or contradicts itself, or a ListEntries `page_token` the broker did not give out.
 pub const INVALID_SELECTION: &str = "INVALID_SELECTION";
 /// `PERMISSION_DENIED`: the cluster's exec config picks an identity or secret its provider
 /// does not allow (`allowOverrides`). Metadata: `provider`, `cluster`, `key`.

@@ -435,3 +435,166 @@ async fn a_rate_limited_flood_logs_a_bounded_number_of_lines() {
         &logs[..logs.len().min(4000)]
     );
 }
+
+/// A request as large as every default `limits.*` bound admits, for cluster `i`: a 4 KB
+/// server, `ca` bytes of CA data and an exec extension `pad` bytes longer (at most 15 KB).
+fn oversize(i: usize, ca: usize, pad: usize) -> GetTokenRequest {
+    // In 3 KB strings: each field is under limits.maxFieldBytes (4 KiB).
+    let keys = ["pad0", "pad1", "pad2", "pad3", "pad4"];
+    let mut fields = vec![("clusterName", string(format!("c{i:05}")))];
+    fields.extend(
+        keys.iter()
+            .take(pad / 3_000)
+            .map(|k| (*k, string("p".repeat(3_000)))),
+    );
+    let mut req = request("onprem", fields);
+    let cluster = req.cluster.as_mut().unwrap();
+    cluster.server = format!("https://c{i:05}.{}", "s".repeat(4_000));
+    cluster.certificate_authority_data = vec![b'c'; ca];
+    cluster.tls_server_name = "t".repeat(253);
+    req
+}
+
+/// `count` distinct oversize requests, 16 at a time; every one served.
+async fn fill(broker: &Broker, count: usize, ca: usize, pad: usize) {
+    let client = TokenServiceClient::new(unix_channel(broker.socket()).await);
+    let mut running = tokio::task::JoinSet::new();
+    for i in 0..count {
+        if running.len() == 16 {
+            running.join_next().await.unwrap().unwrap();
+        }
+        let mut client = client.clone();
+        running.spawn(async move {
+            let answer = client.get_token(oversize(i, ca, pad)).await;
+            assert!(answer.is_ok(), "request {i}: {answer:?}");
+        });
+    }
+    while let Some(done) = running.join_next().await {
+        done.unwrap();
+    }
+}
+
+const UNLIMITED_RATE: &str = "rateLimit: {perSecond: 100000, burst: 100000}\n";
+
+/// Red-team finding (issue 20, item 3): 10 000 requests that each passed every `limits.*`
+/// check (44 KB CA data, 9 KB config, a 4 KB server) made entries of ~75 KB: RSS went from 12
+/// to 745 MiB under `cache.maxEntries`. Now `cache.maxBytes` bounds what entries weigh: 600
+/// such requests (~45 MB of entries before) leave the broker within a few MiB of the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_entries_are_bounded_by_bytes() {
+    let plugin = ExecPlugin::new();
+    let broker = Broker::start(&config(
+        &format!(
+            "{UNLIMITED_RATE}cache: {{maxBytes: 4194304}}\nmetrics: {{address: \"127.0.0.1:0\"}}\n"
+        ),
+        &[exec_provider("onprem", plugin.command(), "")],
+    ));
+    fill(&broker, 20, 44_000, 9_000).await;
+    let before = rss_kib(broker.pid());
+    fill(&broker, 600, 44_000, 9_000).await;
+    let grown_mib = rss_kib(broker.pid()).saturating_sub(before) / 1024;
+    assert!(
+        grown_mib < 24,
+        "RSS grew by {grown_mib} MiB for 600 oversize entries under maxBytes 4 MiB"
+    );
+    let metrics = scrape_metrics(&broker.metrics_address());
+    let bytes: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("credbroker_cache_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no credbroker_cache_bytes in:\n{metrics}"));
+    assert!(
+        (1 << 20..=4 << 20).contains(&bytes),
+        "cache weighs {bytes} bytes"
+    );
+}
+
+/// Red-team finding (issue 20, item 3): with thousands of entries `ListEntries` answered 44 MB
+/// in one message and grpcurl (4 MiB limit) failed exactly when an operator needed it. Now it
+/// pages: a call without a token answers one page under the limit, and docs/operations.md's
+/// paging recipe, run as written, lists every entry once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_entries_pages_fit_grpcurl_and_the_recipe_lists_everything() {
+    use credbroker_tests::doc_blocks::{blocks_of, repo_root};
+    let plugin = ExecPlugin::new();
+    let broker = Broker::start(&config(
+        UNLIMITED_RATE,
+        &[exec_provider("onprem", plugin.command(), "")],
+    ));
+    // ~4.3 KB a row (the identity holds the 4 KB server): 1 100 rows are over 4 MiB.
+    fill(&broker, 1_100, 0, 0).await;
+
+    let first = grpcurl(
+        broker.socket(),
+        &["-d", "{}"],
+        &["credbroker.v1.AdminService/ListEntries"],
+    );
+    assert!(first.status.success(), "{}", describe(&first));
+    let page: Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(
+        page["entries"].as_array().unwrap().len(),
+        100,
+        "default page size"
+    );
+    assert!(
+        page["nextPageToken"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
+    );
+    let bad = grpcurl(
+        broker.socket(),
+        &["-d", r#"{"pageToken":"zz"}"#],
+        &["credbroker.v1.AdminService/ListEntries"],
+    );
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success()
+            && stderr.contains("InvalidArgument")
+            && stderr.contains("page_token"),
+        "{}",
+        describe(&bad)
+    );
+    // The most a page may hold still fits: 1 000 rows stop at 1 MiB.
+    let big = grpcurl(
+        broker.socket(),
+        &["-d", r#"{"pageSize":1000}"#],
+        &["credbroker.v1.AdminService/ListEntries"],
+    );
+    assert!(big.status.success(), "{}", describe(&big));
+    let rows = serde_json::from_slice::<Value>(&big.stdout).unwrap()["entries"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert!(
+        (200..300).contains(&rows),
+        "{rows} rows of ~4.3 KB in 1 MiB"
+    );
+
+    let recipe = blocks_of(&repo_root(), "docs/operations.md")
+        .into_iter()
+        .find(|b| b.body.contains("nextPageToken"))
+        .expect("docs/operations.md has the paging recipe");
+    let out = credbroker_tests::run(
+        std::process::Command::new("bash")
+            .args(["-euc", &recipe.body])
+            .env("sock", broker.socket()),
+        credbroker_tests::COMMAND_TIMEOUT,
+    );
+    assert!(out.status.success(), "{}: {}", recipe.at(), describe(&out));
+    let listed: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut clusters: Vec<&str> = listed
+        .iter()
+        .map(|e| e["clusters"][0].as_str().unwrap())
+        .collect();
+    clusters.sort_unstable();
+    clusters.dedup();
+    assert_eq!(
+        (listed.len(), clusters.len()),
+        (1_100, 1_100),
+        "each entry once"
+    );
+}

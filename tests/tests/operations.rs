@@ -541,6 +541,7 @@ fn admin_calls_for_an_unknown_provider_are_not_found() {
         let mut admin = AdminServiceClient::new(unix_channel(broker.socket()).await);
         let list = |provider: &str| ListEntriesRequest {
             provider: provider.into(),
+            ..Default::default()
         };
         let invalidate = |identity: &str| InvalidateRequest {
             provider: "nope".into(),

@@ -138,6 +138,11 @@ impl Provider for ExecProvider {
         ProviderKind::Exec
     }
 
+    /// The plugin is shown `spec.cluster`, CA data included.
+    fn reads_certificate_authority(&self) -> bool {
+        true
+    }
+
     /// Everything of the cluster the plugin is shown (`spec.cluster`): the server, then a
     /// SHA-256 of the config and of the TLS server name, CA data, proxy URL and the other
     /// connection settings. A plugin may answer differently for any of them, so two clusters

@@ -367,6 +367,7 @@ mod tests {
         ));
         let cache = Cache::new(CacheSettings {
             max_entries: 10,
+            max_bytes: crate::config::DEFAULT_MAX_BYTES,
             idle_timeout: Duration::from_secs(3600),
             upstream_timeout: Duration::from_secs(20),
             max_concurrent_fetches: 4,
@@ -415,6 +416,7 @@ mod tests {
         // Nothing held and the file empty: a clear error, and the next read is at once.
         let other = Cache::new(CacheSettings {
             max_entries: 10,
+            max_bytes: crate::config::DEFAULT_MAX_BYTES,
             idle_timeout: Duration::from_secs(3600),
             upstream_timeout: Duration::from_secs(20),
             max_concurrent_fetches: 4,

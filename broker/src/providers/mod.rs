@@ -114,6 +114,17 @@ impl Credential {
             source_version: None,
         }
     }
+
+    /// The bytes it holds on the heap (what `cache.maxBytes` counts).
+    pub fn heap_bytes(&self) -> usize {
+        match &self.secret {
+            CredentialSecret::Token(t) => t.0.len(),
+            CredentialSecret::ClientCertificate {
+                certificate_pem,
+                key_pem,
+            } => certificate_pem.len() + key_pem.0.len(),
+        }
+    }
 }
 
 /// How a provider failed. The variant decides the gRPC status (mapped in `status`) and
@@ -302,6 +313,13 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// is read again the moment it is whole), false for an upstream that must not be asked
     /// again and again while it fails.
     fn retries_at_once(&self) -> bool {
+        false
+    }
+
+    /// True when `fetch` passes the cluster's CA data on (a wrapped exec plugin is shown
+    /// `spec.cluster`). Otherwise the cache keeps no copy of it for refreshes without a
+    /// caller: it is the largest part of a request (up to `limits.maxCertificateAuthorityBytes`).
+    fn reads_certificate_authority(&self) -> bool {
         false
     }
 

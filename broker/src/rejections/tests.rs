@@ -339,6 +339,7 @@ mod through_the_cache {
         });
         let cache = Cache::new(CacheSettings {
             max_entries: 100,
+            max_bytes: crate::config::DEFAULT_MAX_BYTES,
             idle_timeout: 2 * HOUR,
             upstream_timeout: crate::cache::UPSTREAM_TIMEOUT,
             max_concurrent_fetches: 4,
@@ -625,6 +626,7 @@ mod through_the_cache {
         // The real check, which says why it cannot check.
         let cache = Cache::new(CacheSettings {
             max_entries: 100,
+            max_bytes: crate::config::DEFAULT_MAX_BYTES,
             idle_timeout: 2 * HOUR,
             upstream_timeout: crate::cache::UPSTREAM_TIMEOUT,
             max_concurrent_fetches: 4,
