@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
             }
             let _ = req.cluster_label();
             // What the cache keeps for a forced refresh comes back as it was.
-            assert_eq!(StoredRequest::new(&req).request(), req);
+            assert_eq!(StoredRequest::new(&req, true).request(), req);
         }
         Err(e) => {
             let message = e.to_string();
