@@ -296,7 +296,7 @@ impl Broker {
         let target = provider.resolve(&req).map_err(|e| failed(e.into()))?;
         match self
             .cache
-            .get_for(provider, &req, &target, caller.as_ref())
+            .get_for(provider, &req, &target, caller.as_ref(), peer.uid)
             .await
         {
             Ok(served) => Ok((served, req)),

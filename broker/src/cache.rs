@@ -11,9 +11,10 @@
 //! nothing. Each entry's weight ([`State::weight`]) is what it holds on the heap plus
 //! [`ENTRY_OVERHEAD`], recomputed whenever a fetch completes and at every idle sweep; past
 //! the bound, remembered failures go first, then the least recently used credentials. Upstream
-//! calls run through a per-provider gate of `cache.maxConcurrentFetches` permits, whether a
-//! caller, a background refresh or an operator started them; a caller that joins a fetch
-//! already running takes no permit.
+//! calls run through a per-provider gate of `cache.maxConcurrentFetches` permits ([`Gate`]),
+//! whether a caller, a background refresh or an operator started them: refreshes of held
+//! credentials have a reserve no miss can take, and misses share the rest fairly between uids.
+//! A caller that joins a fetch already running takes no permit.
 //!
 //! Time comes from `tokio::time::Instant`, so every rule is tested on paused time.
 //! Expiries arrive as wall-clock times from providers and are converted to `Instant`s once,
@@ -27,9 +28,9 @@ use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt as _;
 use futures_util::future::Shared;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::gate::{Gate, Purpose};
 use crate::providers::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 use crate::rejections::{self, CallerId, CredentialDigest, Reask, RejectionInfo, Verdict};
 use crate::request::{StoredRequest, TokenRequest};
@@ -256,7 +257,7 @@ struct Inner {
     /// Asks a cluster's API server about a re-asked credential ([`crate::review`]).
     checker: Arc<dyn CredentialCheck>,
     /// One gate per provider name (only configured names reach the cache).
-    gates: Mutex<HashMap<Arc<str>, Arc<Semaphore>>>,
+    gates: Mutex<HashMap<Arc<str>, Gate>>,
 }
 
 impl fmt::Debug for Cache {
@@ -539,20 +540,22 @@ impl Cache {
         req: &TokenRequest,
         target: &Resolved,
     ) -> Result<Served, CacheError> {
-        self.get_for(provider, req, target, None).await
+        self.get_for(provider, req, target, None, None).await
     }
 
     /// [`Cache::get`] for a caller that says who it is: the same caller asking again before
     /// the come-back time it was given (a re-ask, [`crate::rejections`]) waits for a check of
     /// the held credential with the cluster's API server ([`crate::review`]), single-flight
     /// per entry; only a rejection (or a request that cannot be checked) fetches anew,
-    /// bounded, single-flight with every other fetch.
+    /// bounded, single-flight with every other fetch. `uid` (the socket peer's) is whose
+    /// miss this is, for the fair share of the provider's permits ([`Gate`]).
     pub async fn get_for(
         &self,
         provider: &Arc<dyn Provider>,
         req: &TokenRequest,
         target: &Resolved,
         caller: Option<&CallerId>,
+        uid: Option<u32>,
     ) -> Result<Served, CacheError> {
         let key = CacheKey::new(&req.provider, target);
         let (slot, placed_as) = self.inner.slot_for(&key);
@@ -615,7 +618,9 @@ impl Cache {
                             st.hits += 1;
                             if due && st.inflight.is_none() && may_retry {
                                 // Refresh ahead in the background; this caller does not wait.
-                                drop(self.start_fetch(&slot, st, provider, req, target, true));
+                                drop(
+                                    self.start_fetch(&slot, st, provider, req, target, None, true),
+                                );
                             }
                             if let (Some(caller), Some(memory)) = (caller, &mut st.rejections) {
                                 memory.served(*caller, now, come_back_at(&served, now), digest);
@@ -647,7 +652,7 @@ impl Cache {
                         return Err(err);
                     }
                     (
-                        self.start_fetch(&slot, st, provider, req, target, false),
+                        self.start_fetch(&slot, st, provider, req, target, uid, false),
                         Outcome::Miss,
                     )
                 };
@@ -777,7 +782,7 @@ impl Cache {
                     (Some(Next::BackingOff), None)
                 }
                 Some(Verdict::Refresh) => {
-                    let fetch = self.start_fetch(slot, st, provider, req, target, false);
+                    let fetch = self.start_fetch(slot, st, provider, req, target, None, false);
                     (Some(Next::Fetch), Some(fetch))
                 }
             }
@@ -831,9 +836,11 @@ impl Cache {
 
     /// Starts the one upstream call for a slot. It runs in its own task, so it completes
     /// (and fills the cache) even when every caller waiting on it has given up. It first
-    /// waits for one of the provider's permits (at most the upstream timeout), then the call
-    /// itself gets the upstream timeout. The slot is the one `req`'s provider name and `target`
-    /// key.
+    /// waits for one of the provider's permits (at most the upstream timeout): any permit if
+    /// the entry holds a credential, else one outside the reserve, in `uid`'s fair share.
+    /// Then the call itself gets the upstream timeout. The slot is the one `req`'s provider
+    /// name and `target` key.
+    #[allow(clippy::too_many_arguments)]
     fn start_fetch(
         &self,
         slot: &Arc<Slot>,
@@ -841,8 +848,14 @@ impl Cache {
         provider: &Arc<dyn Provider>,
         req: &TokenRequest,
         target: &Resolved,
+        uid: Option<u32>,
         background: bool,
     ) -> Inflight {
+        let purpose = if st.current.is_some() {
+            Purpose::Refresh
+        } else {
+            Purpose::Miss { uid }
+        };
         st.last_request = Some((
             StoredRequest::new(req, provider.reads_certificate_authority()),
             target.clone(),
@@ -857,10 +870,10 @@ impl Cache {
         let task = tokio::spawn(async move {
             let timeout = inner.settings.upstream_timeout;
             let queued = Instant::now();
-            let permit = tokio::time::timeout(timeout, Arc::clone(&gate).acquire_owned()).await;
+            let permit = tokio::time::timeout(timeout, gate.acquire(purpose)).await;
             let started = Instant::now();
             let result = match permit {
-                Ok(Ok(_permit)) => {
+                Ok(_permit) => {
                     let fetch = AssertUnwindSafe(provider.fetch(&req, &target)).catch_unwind();
                     match tokio::time::timeout(timeout, fetch).await {
                         Ok(Ok(result)) => result.map_err(CacheError::from),
@@ -872,7 +885,6 @@ impl Cache {
                     }
                     // The permit is released here, with the provider's future dropped.
                 }
-                Ok(Err(_closed)) => Err(CacheError::Internal("the fetch gate is closed".into())),
                 Err(_elapsed) => Err(CacheError::Busy {
                     limit: inner.settings.max_concurrent_fetches,
                     waited: queued.elapsed(),
@@ -1013,7 +1025,7 @@ impl Cache {
             ) {
                 (Some(inflight), _) => inflight.clone(),
                 (None, Some((req, target))) => {
-                    self.start_fetch(&slot, &mut st, provider, &req, &target, true)
+                    self.start_fetch(&slot, &mut st, provider, &req, &target, None, true)
                 }
                 (None, None) => {
                     return Err(CacheError::Internal(
@@ -1102,16 +1114,12 @@ impl Inner {
     }
 
     /// The provider's gate, created with `maxConcurrentFetches` permits on first use.
-    fn gate(&self, provider: &Arc<str>) -> Arc<Semaphore> {
+    fn gate(&self, provider: &Arc<str>) -> Gate {
         let mut gates = self.gates.lock().unwrap_or_else(PoisonError::into_inner);
-        let gate = gates.entry(Arc::clone(provider)).or_insert_with(|| {
-            Arc::new(Semaphore::new(
-                self.settings
-                    .max_concurrent_fetches
-                    .clamp(1, Semaphore::MAX_PERMITS),
-            ))
-        });
-        Arc::clone(gate)
+        gates
+            .entry(Arc::clone(provider))
+            .or_insert_with(|| Gate::new(self.settings.max_concurrent_fetches))
+            .clone()
     }
 }
 

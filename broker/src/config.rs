@@ -54,8 +54,9 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(2 * 60 * 60);
 /// mostly waiting on the network (a Go plugin such as kubelogin uses ~50 ms of CPU in a
 /// ~250 ms run; cloud token endpoints answer in 100–300 ms), so 16 in flight keep about two
 /// cores busy at a plugin's start-up cost and ~100 fds, where 600 cold clusters used to start
-/// 600 plugins at once. 1 000 cold clusters at 250 ms a call are served in about 16 s, inside
-/// the shim's 30 s `--timeout`.
+/// 600 plugins at once. Misses may take 14 of them (2 are kept for refreshes of held
+/// credentials, `gate::reserve_of`): 1 000 cold clusters at 250 ms a call are served in about
+/// 18 s, inside the shim's 30 s `--timeout`.
 pub const DEFAULT_MAX_CONCURRENT_FETCHES: usize = 16;
 /// Above this the cap stops meaning anything: each exec fetch holds a process and its pipes,
 /// and 4 096 is already eight times a common soft fd limit.

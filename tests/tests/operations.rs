@@ -581,3 +581,69 @@ fn admin_calls_for_an_unknown_provider_are_not_found() {
         assert_eq!(listed.entries.len(), 1, "{listed:?}");
     });
 }
+
+/// Red-team finding (issue 20, item 5): misses, refreshes and operator refreshes took a
+/// provider's 16 upstream permits first come, first served, so 64 misses whose plugin hung
+/// until its 5 s timeout made another caller's new-cluster miss wait 19.4 s (~100 of them:
+/// past the shim's 30 s). Now a free permit goes to the uid holding the fewest: the other
+/// uid's miss waits for one permit to free (one plugin timeout), not for the whole queue.
+#[test]
+fn hanging_misses_of_one_uid_do_not_queue_another_uids_miss() {
+    let dir = tempdir();
+    let plugin = dir.path().join("plugin.sh");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\ncase \"${{KUBERNETES_EXEC_INFO:-}}\" in *hang-*) exec sleep 60;; esac\n\
+             printf '%s\\n' '{{\"apiVersion\":\"{V1}\",\"kind\":\"ExecCredential\",\"status\":{{\"token\":\"tok-legit\"}}}}'\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let broker = Broker::start(&config(
+        ", mode: \"0666\"",
+        "rateLimit: {perSecond: 100000, burst: 100000}\n",
+        &[exec_provider("onprem", &plugin, "timeout: 5s")],
+    ));
+    // 64 hanging misses from this uid (root), straight over gRPC.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let socket = broker.socket().to_path_buf();
+    rt.spawn(async move {
+        use credbroker_proto::v1::token_service_client::TokenServiceClient;
+        let mut clients = Vec::new();
+        // A connection carries at most 16 streams at once: 8 connections.
+        for i in 0..64 {
+            if i % 8 == 0 {
+                clients.push(TokenServiceClient::new(unix_channel(&socket).await));
+            }
+            let mut client = clients[i / 8].clone();
+            let mut req = credbroker_proto::v1::GetTokenRequest {
+                provider: "onprem".into(),
+                ..Default::default()
+            };
+            req.cluster = Some(credbroker_proto::v1::Cluster {
+                server: format!("https://hang-{i}.example"),
+                ..Default::default()
+            });
+            tokio::spawn(async move { client.get_token(req).await });
+        }
+    });
+    // They have taken every permit a miss may take, and the rest queue.
+    std::thread::sleep(Duration::from_millis(500));
+    let shim_copy = world_runnable(dir.path(), &bin(SHIM));
+    let mut cmd = as_nobody(&shim_copy);
+    cmd.args(["--provider", "onprem", "--socket"])
+        .arg(broker.socket())
+        .env("KUBERNETES_EXEC_INFO", info("legit"));
+    let started = Instant::now();
+    let out = run(&mut cmd, COMMAND_TIMEOUT);
+    let waited = started.elapsed();
+    assert_eq!(assert_credential(&out, V1).token, "tok-legit");
+    // One plugin timeout (5 s) and slack; first come, first served it was four (~20 s).
+    assert!(
+        waited < Duration::from_secs(9),
+        "the other uid's miss waited {waited:?} behind 64 hanging misses"
+    );
+    eprintln!("a legitimate miss behind 64 hanging ones: {waited:?}");
+    rt.shutdown_background();
+}

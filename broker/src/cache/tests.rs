@@ -464,6 +464,61 @@ async fn max_bytes_bounds_what_entries_weigh() {
     assert_eq!(cache.bytes(), 0);
 }
 
+/// Answers at once for clusters not named `hang-*`; never for those.
+#[derive(Debug)]
+struct HangsFor(FakeProvider);
+
+impl Provider for HangsFor {
+    fn kind(&self) -> crate::config::ProviderKind {
+        self.0.kind()
+    }
+    fn resolve(&self, req: &TokenRequest) -> Result<Resolved, ProviderError> {
+        self.0.resolve(req)
+    }
+    fn fetch<'a>(
+        &'a self,
+        req: &'a TokenRequest,
+        target: &'a Resolved,
+    ) -> crate::providers::BoxFuture<'a, Result<Credential, ProviderError>> {
+        if target.key().starts_with("hang-") {
+            return Box::pin(std::future::pending());
+        }
+        self.0.fetch(req, target)
+    }
+}
+
+/// Red-team finding (issue 20, item 5): hanging misses took every permit, so held
+/// credentials could not be refreshed while they hung. Refreshes of held entries now have a
+/// reserve no miss can take.
+#[tokio::test(start_paused = true)]
+async fn hanging_misses_leave_the_reserve_to_refreshes_of_held_credentials() {
+    let p: Arc<dyn Provider> = Arc::new(HangsFor(FakeProvider::new(HOUR)));
+    let cache = Arc::new(Cache::new(settings()));
+    assert_eq!(
+        token(&get(&cache, &p, "held").await.unwrap()),
+        "fake-held-1"
+    );
+    for i in 0..64 {
+        let (cache, p) = (Arc::clone(&cache), Arc::clone(&p));
+        tokio::spawn(async move { get(&cache, &p, &format!("hang-{i}")).await });
+    }
+    settle().await;
+    // Past the refresh time: the background refresh runs on a reserved permit.
+    tokio::time::advance(40 * MIN).await;
+    let stale = get(&cache, &p, "held").await.unwrap();
+    assert_eq!(stale.outcome, Outcome::Stale);
+    settle().await;
+    let after = get(&cache, &p, "held").await.unwrap();
+    assert_eq!(
+        (token(&after), after.outcome),
+        ("fake-held-2", Outcome::Hit),
+        "refreshed while 64 misses hang"
+    );
+    // A miss of another key still waits (every permit outside the reserve is taken).
+    let miss = tokio::time::timeout(Duration::from_secs(1), get(&cache, &p, "new")).await;
+    assert!(miss.is_err(), "{miss:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn idle_entries_age_out() {
     let (cache, fake, p) = setup(12 * HOUR);
@@ -887,9 +942,14 @@ async fn concurrent_misses_on_distinct_keys_are_capped_per_provider() {
     for task in tasks {
         task.await.unwrap().unwrap();
     }
-    assert_eq!((fake.calls(), fake.max_in_flight()), (600, 8));
-    // They queued: 600 / 8 rounds of 100 ms.
-    assert_eq!(started.elapsed(), Duration::from_millis(7500));
+    // Misses take the cap less the refreshes' reserve (one of 8).
+    let misses = 8 - crate::gate::reserve_of(8);
+    assert_eq!((fake.calls(), fake.max_in_flight()), (600, misses));
+    // They queued: 600 / 7 rounds (rounded up) of 100 ms.
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(100 * 600_u64.div_ceil(7))
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -374,7 +374,7 @@ mod through_the_cache {
             let req = req();
             let target = self.provider.resolve(&req).unwrap();
             self.cache
-                .get_for(&self.provider, &req, &target, caller.as_ref())
+                .get_for(&self.provider, &req, &target, caller.as_ref(), None)
                 .await
                 .unwrap()
         }
@@ -639,7 +639,7 @@ mod through_the_cache {
         };
         let target = provider.resolve(&req).unwrap();
         let c = CallerId::new(10, 1, 1);
-        let ask = || cache.get_for(&provider, &req, &target, Some(&c));
+        let ask = || cache.get_for(&provider, &req, &target, Some(&c), None);
         ask().await.unwrap();
         tokio::time::advance(Duration::from_secs(10)).await;
         ask().await.unwrap();
