@@ -649,13 +649,25 @@ impl Config {
             file: file.clone(),
             source,
         };
-        // Never more than the size limit plus one byte, from whatever the path names.
+        use std::os::unix::fs::OpenOptionsExt as _;
+        // Never more than the size limit plus one byte, and only from a regular file (a FIFO
+        // put in its place blocked a SIGHUP reload, and then shutdown, forever).
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(crate::files::OPEN_FLAGS)
+            .open(path)
+            .map_err(read_error)?;
+        let meta = opened.metadata().map_err(read_error)?;
+        if !meta.is_file() {
+            return Err(read_error(std::io::Error::other(format!(
+                "not a regular file (it is a {}); point --config at a file",
+                crate::files::kind_of(&meta)
+            ))));
+        }
         let mut text = String::new();
-        std::fs::File::open(path)
-            .and_then(|f| {
-                f.take(yaml::MAX_CONFIG_BYTES as u64 + 1)
-                    .read_to_string(&mut text)
-            })
+        opened
+            .take(yaml::MAX_CONFIG_BYTES as u64 + 1)
+            .read_to_string(&mut text)
             .map_err(read_error)?;
         Self::parse(&text, &file)
     }

@@ -8,6 +8,7 @@ pub mod cache;
 pub mod caller;
 pub mod config;
 pub mod conn;
+pub mod files;
 pub mod gate;
 pub mod metrics;
 pub mod providers;

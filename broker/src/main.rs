@@ -140,11 +140,17 @@ fn run(command: Command) -> Result<(), String> {
                 config_path,
                 socket,
             };
-            runtime()?.block_on(async {
+            let runtime = runtime()?;
+            let served = runtime.block_on(async {
                 credbroker::server::serve(options, shutdown_signal())
                     .await
                     .map_err(|e| e.to_string())
-            })
+            });
+            // Stopped: a blocking task still running (a reload reading a stalled file) must
+            // not keep the process alive after "credbroker stopped" (dropping the runtime
+            // would wait for it).
+            runtime.shutdown_background();
+            served
         }
     }
 }

@@ -225,6 +225,11 @@ pub async fn serve(
     result
 }
 
+/// How long a reload may read and check the file before it is given up (the next SIGHUP is
+/// heard either way). A 1 MiB file parses in well under a second; reading one from a stalled
+/// network volume must not leave reloads deaf.
+pub const RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Reads the config file again on every SIGHUP. A file that does not parse or validate
 /// is logged and ignored: the broker keeps serving on what it has.
 async fn reload_on_sighup(broker: Arc<Broker>, running: Config, path: Option<PathBuf>) {
@@ -247,16 +252,27 @@ async fn reload_on_sighup(broker: Arc<Broker>, running: Config, path: Option<Pat
         // workers, so a large file never delays a GetToken.
         let next = {
             let path = path.clone();
-            tokio::task::spawn_blocking(move || Config::load(&path)).await
+            tokio::time::timeout(
+                RELOAD_TIMEOUT,
+                tokio::task::spawn_blocking(move || Config::load(&path)),
+            )
+            .await
         };
         let next = match next {
-            Ok(Ok(next)) => next,
-            Ok(Err(e)) => {
+            Ok(Ok(Ok(next))) => next,
+            Ok(Ok(Err(e))) => {
                 tracing::error!(error = %e, "SIGHUP: config not reloaded; still serving the previous one");
                 continue;
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::error!(error = %e, "SIGHUP: config not reloaded (the parser failed); still serving the previous one");
+                continue;
+            }
+            Err(_elapsed) => {
+                tracing::error!(
+                    "SIGHUP: config not reloaded: reading it took longer than {}s; still serving the previous one",
+                    RELOAD_TIMEOUT.as_secs()
+                );
                 continue;
             }
         };

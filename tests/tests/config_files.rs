@@ -81,6 +81,72 @@ fn an_alias_bomb_through_sighup_is_refused_and_never_delays_a_call() {
     assert!(broker.is_running());
 }
 
+/// Red-team finding (issue 20, item 9): a 960 KB config of nested brackets burned a core for
+/// over 11 minutes on SIGHUP, every later SIGHUP was ignored, and SIGTERM left the process
+/// running after it logged "stopped". Now deep nesting is refused in one pass, a FIFO put in
+/// the config's place is refused without blocking, later SIGHUPs reload, SIGTERM exits.
+#[test]
+fn nested_brackets_or_a_fifo_through_sighup_neither_burn_nor_block() {
+    let files = TokenFiles::new();
+    files.write("a", "token-a");
+    let good = config_yaml(&[file_provider("f", &files.template())]);
+    let mut broker = Broker::start(&good);
+    let socket = broker.socket().to_str().unwrap().to_owned();
+    let hup_and_wait = |broker: &Broker, needle: &str, n: usize| {
+        send_signal(broker.pid(), "HUP");
+        assert!(
+            wait_until(Duration::from_secs(10), || logs_count(broker, needle) == n),
+            "no {n}th {needle:?} within 10 s:\n{}",
+            broker.logs()
+        );
+    };
+    // 950 KB of `{a: {a: …`: refused at once, naming the line and column.
+    let nested = format!(
+        "socket: {{path: {socket:?}}}\nx: {}1{}\n",
+        "{a: ".repeat(190_000),
+        "}".repeat(190_000)
+    );
+    std::fs::write(broker.config_path(), nested).unwrap();
+    let started = Instant::now();
+    hup_and_wait(&broker, "config not reloaded", 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        broker.logs().contains("line 2 column 260"),
+        "{}",
+        broker.logs()
+    );
+    // A FIFO in the config's place: refused without waiting for a writer.
+    std::fs::remove_file(broker.config_path()).unwrap();
+    let status = std::process::Command::new("mkfifo")
+        .arg(broker.config_path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    hup_and_wait(&broker, "config not reloaded", 2);
+    assert!(
+        broker.logs().contains("not a regular file (it is a FIFO)"),
+        "{}",
+        broker.logs()
+    );
+    // The next SIGHUP is heard and reloads a good file.
+    std::fs::remove_file(broker.config_path()).unwrap();
+    std::fs::write(broker.config_path(), good.replace("{socket}", &socket)).unwrap();
+    hup_and_wait(&broker, "SIGHUP: config reloaded", 1);
+    assert_credential(
+        &run_shim(broker.socket(), &["--provider", "f"], Some(&info("a"))),
+        V1,
+    );
+    // SIGTERM exits promptly.
+    let started = Instant::now();
+    let status = broker.terminate();
+    assert!(status.success(), "{status:?}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+}
+
 #[test]
 fn restart_warnings_stay_until_the_restart_and_compare_with_the_running_config() {
     let files = TokenFiles::new();

@@ -19,6 +19,11 @@ pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
 pub const MAX_EXPANDED_BYTES: usize = 4 * MAX_CONFIG_BYTES;
 /// What one value costs beyond its text: `- 1\n` is four bytes in a file.
 const VALUE_COST: usize = 4;
+/// How deep `[` and `{` may nest. A config nests a few levels (`providers[0].aws.allowOverrides`);
+/// the YAML library stops at 128 only after scanning the whole text, and its scan of nested
+/// flow mappings is quadratic in their depth (a 950 KB file of `{a: {a: …` took over 5 minutes
+/// of a core, and a reload on SIGHUP with it). Checked first, in one pass.
+pub const MAX_FLOW_DEPTH: usize = 64;
 
 /// Why the text was refused: the path where it happened (empty when the YAML library
 /// found it, whose message has the line and column), and what.
@@ -39,6 +44,7 @@ pub fn parse(text: &str) -> Result<Value, TreeError> {
             ),
         });
     }
+    check_flow_depth(text)?;
     let budget = Cell::new(MAX_EXPANDED_BYTES);
     let found = RefCell::new(None);
     let seed = Tree {
@@ -63,6 +69,72 @@ pub fn parse(text: &str) -> Result<Value, TreeError> {
             message,
         }
     })
+}
+
+/// Refuses `[`/`{` nested deeper than [`MAX_FLOW_DEPTH`], in one pass over the text: outside
+/// quotes and comments, a bracket that starts a value (at a line's start, after a space, after
+/// a bracket that opened, or after a `,` inside brackets) opens, and a closing one closes. A
+/// bracket inside a plain word (`a[0]`, `x[[`) is text, as YAML reads it.
+fn check_flow_depth(text: &str) -> Result<(), TreeError> {
+    enum In {
+        Text,
+        Single,
+        Double,
+        Comment,
+    }
+    // Whether the next character starts a value.
+    let (mut depth, mut state, mut boundary) = (0usize, In::Text, true);
+    let (mut line, mut column) = (1usize, 0usize);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        column += 1;
+        if c == '\n' {
+            (line, column) = (line + 1, 0);
+        }
+        let was_boundary = boundary;
+        boundary = c.is_whitespace();
+        match state {
+            In::Comment if c == '\n' => state = In::Text,
+            In::Comment => {}
+            In::Single if c == '\'' => {
+                // '' is a quote inside the string.
+                if chars.peek() == Some(&'\'') {
+                    chars.next();
+                    column += 1;
+                } else {
+                    state = In::Text;
+                }
+            }
+            In::Single => {}
+            In::Double if c == '\\' => {
+                chars.next();
+                column += 1;
+            }
+            In::Double if c == '"' => state = In::Text,
+            In::Double => {}
+            In::Text => match c {
+                '#' if was_boundary => state = In::Comment,
+                '\'' if was_boundary => state = In::Single,
+                '"' if was_boundary => state = In::Double,
+                ',' if depth > 0 => boundary = true,
+                '[' | '{' if was_boundary => {
+                    boundary = true;
+                    depth += 1;
+                    if depth > MAX_FLOW_DEPTH {
+                        return Err(TreeError {
+                            path: "(yaml)".into(),
+                            message: format!(
+                                "line {line} column {column}: `{c}` nests more than {MAX_FLOW_DEPTH} levels of [ ] and {{ }}; a config needs a few"
+                            ),
+                        });
+                    }
+                }
+                ']' | '}' => depth = depth.saturating_sub(1),
+                _ => {}
+            },
+        }
+    }
+    Ok(())
 }
 
 /// One node of the tree being read, knowing where it stands.
@@ -214,6 +286,35 @@ mod tests {
 
     fn refused(text: &str) -> TreeError {
         parse(text).unwrap_err()
+    }
+
+    /// Red-team finding (issue 20, item 9): a file of nested brackets under the size cap
+    /// burned a core for minutes (on SIGHUP too); it is refused in one pass.
+    #[test]
+    fn deep_flow_nesting_is_refused_before_the_parser_sees_it() {
+        let started = std::time::Instant::now();
+        for text in [
+            format!("{}1{}", "{a: ".repeat(190_000), "}".repeat(190_000)),
+            format!("{}{}", "[".repeat(480_000), "]".repeat(480_000)),
+            format!("providers:\n  - x: {}", "[ ".repeat(65)),
+        ] {
+            let e = refused(&text);
+            assert_eq!(e.path, "(yaml)");
+            assert!(e.message.contains("more than 64 levels"), "{}", e.message);
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        let e = refused(&format!("a: 1\nb: {}", "[".repeat(65)));
+        assert!(e.message.starts_with("line 2 column 68:"), "{}", e.message);
+        // 64 levels are fine; brackets in quotes, comments and words are text.
+        let ok = format!("a: {}1{}\n", "[".repeat(64), "]".repeat(64));
+        assert!(parse(&ok).is_ok());
+        let brackets = "[".repeat(100);
+        let text = format!(
+            "a: \"{brackets}\"\nb: '{brackets}''{brackets}'\nc: x{brackets}\n# {brackets}\nd: \"\\\"{brackets}\"\n"
+        );
+        let tree = parse(&text).unwrap();
+        assert_eq!(tree["c"], Value::String(format!("x{brackets}")));
+        assert_eq!(tree["b"], Value::String(format!("{brackets}'{brackets}")));
     }
 
     #[test]

@@ -81,7 +81,7 @@ async fn read_bounded(path: &Path) -> Result<(std::fs::Metadata, Vec<u8>), Provi
     // writer; it changes nothing for a regular file. O_NOCTTY: a terminal never becomes ours.
     let file = tokio::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc_flags())
+        .custom_flags(crate::files::OPEN_FLAGS)
         .open(path)
         .await
         .map_err(io_error)?;
@@ -89,7 +89,7 @@ async fn read_bounded(path: &Path) -> Result<(std::fs::Metadata, Vec<u8>), Provi
     if !meta.is_file() {
         return Err(ProviderError::Unavailable(format!(
             "token file {shown} is not a regular file (it is a {}); point the path at a file",
-            kind_of(&meta)
+            crate::files::kind_of(&meta)
         )));
     }
     if meta.len() > MAX_TOKEN_BYTES {
@@ -112,28 +112,6 @@ fn too_large(path: &Path) -> ProviderError {
         "token file {} is larger than {MAX_TOKEN_BYTES} bytes",
         path.display()
     ))
-}
-
-fn libc_flags() -> i32 {
-    (nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_NOCTTY).bits()
-}
-
-fn kind_of(meta: &std::fs::Metadata) -> &'static str {
-    use std::os::unix::fs::FileTypeExt as _;
-    let t = meta.file_type();
-    if t.is_dir() {
-        "directory"
-    } else if t.is_fifo() {
-        "FIFO"
-    } else if t.is_char_device() {
-        "character device"
-    } else if t.is_block_device() {
-        "block device"
-    } else if t.is_socket() {
-        "socket"
-    } else {
-        "special file"
-    }
 }
 
 impl Provider for FileProvider {
