@@ -725,14 +725,14 @@ impl Cache {
         let provider = Arc::clone(provider);
         let req = req.clone();
         let target = target.clone();
-        let caller_pid = caller.pid;
+        let caller = *caller;
         let task = tokio::spawn(async move {
             let answer = cache
                 .inner
                 .checker
                 .check(req.cluster.as_ref(), &credential)
                 .await;
-            let fetch = cache.checked(&slot, &provider, &req, &target, caller_pid, digest, &answer);
+            let fetch = cache.checked(&slot, &provider, &req, &target, &caller, digest, &answer);
             (answer, fetch)
         });
         let joined: BoxFuture<'static, _> = Box::pin(async move {
@@ -754,10 +754,11 @@ impl Cache {
         provider: &Arc<dyn Provider>,
         req: &TokenRequest,
         target: &Resolved,
-        caller_pid: u32,
+        caller: &CallerId,
         digest: CredentialDigest,
         answer: &Answer,
     ) -> Option<Inflight> {
+        let caller_pid = caller.pid;
         let (next, fetch) = {
             let mut guard = slot.lock();
             let st = &mut *guard;
@@ -768,7 +769,7 @@ impl Cache {
             let verdict = st
                 .rejections
                 .get_or_insert_default()
-                .answered(now, digest, answer);
+                .answered(now, digest, answer, caller);
             let holds = st
                 .current
                 .as_ref()

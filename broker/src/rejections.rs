@@ -175,6 +175,12 @@ pub struct Memory {
     forced_got: Option<CredentialDigest>,
     /// Forced refreshes in a row whose credential was rejected in turn.
     streak: u32,
+    /// The callers whose re-asks forced the refreshes of the streak: only their re-asks wait
+    /// the doubled interval. Any other caller's first forced refresh waits the base interval,
+    /// so a caller that forges re-asks (against a server of its own that answers 401) stretches
+    /// only its own wait, never a genuine client's recovery. At most
+    /// [`MAX_CALLERS_PER_ENTRY`], the oldest dropped.
+    streak_callers: Vec<CallerId>,
     /// The rejected credential a forced refresh running now is to replace.
     pending: Option<CredentialDigest>,
     returned_rejected: bool,
@@ -201,6 +207,7 @@ impl Memory {
     pub fn heap_bytes(&self) -> usize {
         std::mem::size_of::<Self>()
             + self.callers.capacity() * std::mem::size_of::<Record>()
+            + self.streak_callers.capacity() * std::mem::size_of::<CallerId>()
             + match &self.answered {
                 Some((_, _, Answer::Unreachable(why) | Answer::Unchecked(why))) => why.len(),
                 _ => 0,
@@ -237,13 +244,15 @@ impl Memory {
         }
     }
 
-    /// A check about `current` answered; for a rejection (or a re-ask that cannot be
-    /// checked) says whether to fetch anew now, and when it does, starts the interval.
+    /// A check about `current`, for `caller`'s re-ask, answered; for a rejection (or a re-ask
+    /// that cannot be checked) says whether to fetch anew now, and when it does, starts the
+    /// interval. The interval doubles with the streak only for the callers that forced it.
     pub fn answered(
         &mut self,
         now: Instant,
         current: CredentialDigest,
         answer: &Answer,
+        caller: &CallerId,
     ) -> Option<Verdict> {
         self.answered = Some((now, current, answer.clone()));
         if *answer == Answer::Rejected {
@@ -256,8 +265,9 @@ impl Memory {
         // The credential a forced refresh got is rejected again: back off further.
         let again = self.forced_got == Some(current);
         let streak = if again { self.streak } else { 0 };
+        let own = again && self.streak_callers.contains(caller);
         if let Some(forced_at) = self.forced_at {
-            let next = forced_at + interval(streak);
+            let next = forced_at + interval(if own { streak } else { 0 });
             if now < next {
                 return Some(Verdict::Hold {
                     next_in: next - now,
@@ -265,6 +275,15 @@ impl Memory {
             }
         }
         self.streak = if again { streak.saturating_add(1) } else { 0 };
+        if !again {
+            self.streak_callers.clear();
+        }
+        if !self.streak_callers.contains(caller) {
+            if self.streak_callers.len() >= MAX_CALLERS_PER_ENTRY {
+                self.streak_callers.remove(0);
+            }
+            self.streak_callers.push(*caller);
+        }
         self.forced_at = Some(now);
         self.pending = Some(current);
         Some(Verdict::Refresh)

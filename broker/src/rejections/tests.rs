@@ -26,7 +26,7 @@ impl Memory {
         match self.reask(caller, now, current) {
             Reask::No => Judged::Serve,
             Reask::Superseded => Judged::Superseded,
-            Reask::Held => match self.answered(now, current, &Answer::Rejected) {
+            Reask::Held => match self.answered(now, current, &Answer::Rejected, caller) {
                 Some(Verdict::Refresh) => Judged::Refresh,
                 Some(Verdict::Hold { next_in }) => Judged::Hold { next_in },
                 None => unreachable!("a rejection always has a verdict"),
@@ -101,6 +101,57 @@ async fn a_re_ask_for_a_credential_already_replaced_fetches_nothing() {
     // b was rejected too, and asks after the fetch: the new credential is served.
     assert_eq!(m.check(&b, now, t1), Judged::Superseded);
     assert_eq!(m.info().reasks, 2);
+}
+
+/// Red-team finding (issue 20, item 4): a made-up caller re-asking once a second (its
+/// re-asks checked against a server of its own that answers 401) doubled the entry's
+/// forced-refresh interval, and a genuine client-go re-ask after a 401 then got the rejected
+/// token back for 111 s (up to the 10-minute cap). The doubling now applies only to the
+/// callers that forced the streak: another caller's first forced refresh waits at most the
+/// base interval, and the entry still forces at most one refresh per base interval.
+#[tokio::test(start_paused = true)]
+async fn a_forgers_streak_never_delays_another_callers_first_forced_refresh() {
+    let mut m = Memory::default();
+    let (forger, kueue) = (CallerId::new(66, 6, 6), CallerId::new(10, 1, 1));
+    let start = Instant::now();
+    let mut current = digest("t0");
+    let mut fetches = 0;
+    m.served(kueue, start, start + HOUR, current);
+    m.served(forger, start, start + HOUR, current);
+    let refresh = |m: &mut Memory, fetches: &mut u32| {
+        *fetches += 1;
+        let next = digest(&format!("t{fetches}"));
+        assert_eq!(m.fetched(next), Some(false));
+        next
+    };
+    // 300 s of forged re-asks, once a second, each confirmed by the forger's own server.
+    for _ in 0..300 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let now = Instant::now();
+        if m.check(&forger, now, current) == Judged::Refresh {
+            current = refresh(&mut m, &mut fetches);
+        }
+        m.served(forger, now, now + HOUR, current);
+    }
+    // Its own streak backed off: at 1, 31, 91, 211 s.
+    assert_eq!(fetches, 4);
+    // The genuine client: its credential revoked for real, client-go re-asks after the 401.
+    m.served(kueue, Instant::now(), Instant::now() + HOUR, current);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let asked = Instant::now();
+    let mut waited = None;
+    for _ in 0..60 {
+        if m.check(&kueue, Instant::now(), current) == Judged::Refresh {
+            waited = Some(Instant::now() - asked);
+            break;
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    let waited = waited.expect("the genuine re-ask forced a refresh within a minute");
+    assert!(
+        waited <= FORCED_REFRESH_INTERVAL,
+        "the genuine re-ask waited {waited:?}, over the base interval"
+    );
 }
 
 #[tokio::test(start_paused = true)]
