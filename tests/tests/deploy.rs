@@ -18,10 +18,11 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use base64::Engine as _;
+use credbroker_tests::kueue::{self, KUEUE_VERSIONS, SHIPPED_KUEUE_VERSION};
 use credbroker_tests::{
     BROKER_TIMEOUT, COMMAND_TIMEOUT, Running, V1, assert_credential, assert_shim_error, describe,
     require_tool, run, run_broker_cli, send_signal, tempdir, wait_until,
@@ -89,17 +90,50 @@ fn kubectl() -> PathBuf {
     )
 }
 
-/// `kubectl kustomize DIR` (relative to the repo), parsed into one JSON value per object.
+/// The copy of `deploy/` rendered over Kueue `version`'s own `config/default`
+/// ([`credbroker_tests::kueue`]), made once per test process.
+fn tree(version: &str) -> PathBuf {
+    static TREES: OnceLock<Mutex<BTreeMap<String, PathBuf>>> = OnceLock::new();
+    let mut trees = TREES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    trees
+        .entry(version.to_owned())
+        .or_insert_with(|| {
+            let at =
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("deploy-over-kueue-{version}"));
+            kueue::deploy_over_kueue(&repo(), &at, version)
+        })
+        .clone()
+}
+
+/// `kubectl kustomize DIR` (relative to the repo, under `deploy/`) over Kueue
+/// [`SHIPPED_KUEUE_VERSION`], the release `deploy/kueue/kueue-install` names.
 fn render(dir: &str) -> Vec<Value> {
+    render_over(dir, SHIPPED_KUEUE_VERSION)
+}
+
+/// Rendered objects by (directory, Kueue version).
+type Rendered = BTreeMap<(String, String), Vec<Value>>;
+
+/// `kubectl kustomize DIR` over Kueue `version`'s real manifests, parsed into one JSON value
+/// per object (cached: Kueue's manifests are thousands of lines).
+fn render_over(dir: &str, version: &str) -> Vec<Value> {
+    static RENDERED: OnceLock<Mutex<Rendered>> = OnceLock::new();
+    let key = (dir.to_owned(), version.to_owned());
+    let cache = RENDERED.get_or_init(Default::default);
+    if let Some(objects) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return objects.clone();
+    }
+    let root = tree(version);
     let out = run(
-        Command::new(kubectl())
-            .arg("kustomize")
-            .arg(repo().join(dir)),
+        Command::new(kubectl()).arg("kustomize").arg(root.join(dir)),
         COMMAND_TIMEOUT,
     );
     assert!(
         out.status.success(),
-        "kubectl kustomize {dir}: {}",
+        "kubectl kustomize {dir} over Kueue {version}: {}",
         describe(&out)
     );
     let text = String::from_utf8(out.stdout).expect("kustomize output is UTF-8");
@@ -108,7 +142,27 @@ fn render(dir: &str) -> Vec<Value> {
         !objects.is_empty(),
         "kubectl kustomize {dir} rendered nothing"
     );
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, objects.clone());
     objects
+}
+
+/// Both overlays over every Kueue version the suite verifies: ("DIR over Kueue VERSION",
+/// delivery, objects).
+fn overlays() -> Vec<(String, Delivery, Vec<Value>)> {
+    let mut all = Vec::new();
+    for version in KUEUE_VERSIONS {
+        for (dir, delivery) in OVERLAYS {
+            all.push((
+                format!("{dir} over Kueue {version}"),
+                delivery,
+                render_over(dir, version),
+            ));
+        }
+    }
+    all
 }
 
 /// A `---`-separated YAML stream (what kustomize prints) as JSON values.
@@ -377,14 +431,42 @@ fn every_kustomization_under_deploy_renders() {
     );
 }
 
+/// The shipped `kueue-install` is Kueue's release manifest of the version the tests render
+/// over in its place (and the one `components/kueue-config` carries the default config of).
+#[test]
+fn kueue_install_names_the_release_the_tests_render_over() {
+    let file = "deploy/kueue/kueue-install/kustomization.yaml";
+    let k = parse_yaml(
+        &std::fs::read_to_string(repo().join(file)).expect("read kueue-install"),
+        file,
+    );
+    assert_eq!(
+        strings(&k["resources"], "resources"),
+        [format!(
+            "https://github.com/kubernetes-sigs/kueue/releases/download/{SHIPPED_KUEUE_VERSION}/manifests.yaml"
+        )],
+        "{file}"
+    );
+    assert!(KUEUE_VERSIONS.contains(&SHIPPED_KUEUE_VERSION));
+    let config = std::fs::read_to_string(
+        repo().join("deploy/kueue/components/kueue-config/controller_manager_config.yaml"),
+    )
+    .expect("read the Kueue config");
+    assert!(
+        config.contains(&format!(
+            "Kueue {SHIPPED_KUEUE_VERSION}'s default configuration"
+        )),
+        "components/kueue-config carries Kueue {SHIPPED_KUEUE_VERSION}'s configuration"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // The sidecar
 // ---------------------------------------------------------------------------------------
 
 #[test]
 fn sidecar_is_a_hardened_native_sidecar_sharing_the_socket_with_the_manager() {
-    for (dir, _) in OVERLAYS {
-        let objects = render(dir);
+    for (dir, _, objects) in overlays() {
         let pod = pod_spec(&objects);
         let side = sidecar(pod);
         let mgr = manager(pod);
@@ -503,22 +585,12 @@ fn sidecar_is_a_hardened_native_sidecar_sharing_the_socket_with_the_manager() {
     }
 }
 
-/// `target` as a path relative to the directory `from` (kustomize refuses absolute paths).
-fn relative_to(from: &Path, target: &Path) -> PathBuf {
-    let mut rel = PathBuf::new();
-    for _ in from.components().skip(1) {
-        rel.push("..");
-    }
-    rel.join(target.strip_prefix("/").expect("absolute target"))
-}
-
 /// Item 8 of issue 13: the sidecar's readiness must not depend on credentials. Kueue's manager
 /// pod backs its webhook Service (`failurePolicy: Fail`): a sidecar readinessProbe failing on a
 /// NOT_SERVING broker would take the pod out of the endpoints and refuse every Job cluster-wide.
 #[test]
 fn sidecar_probes_gate_startup_and_liveness_but_never_the_pods_readiness() {
-    for (dir, _) in OVERLAYS {
-        let objects = render(dir);
+    for (dir, _, objects) in overlays() {
         let side = sidecar(pod_spec(&objects));
         assert!(
             side["readinessProbe"].is_null(),
@@ -549,8 +621,7 @@ fn sidecar_probes_gate_startup_and_liveness_but_never_the_pods_readiness() {
 /// into whatever node selection Kueue's Deployment already has.
 #[test]
 fn pods_are_pinned_to_amd64_without_clobbering_kueues_node_selection() {
-    for (dir, _) in OVERLAYS {
-        let objects = render(dir);
+    for (dir, _, objects) in overlays() {
         let pod = pod_spec(&objects);
         assert_eq!(
             pod["nodeSelector"][ARCH_LABEL], IMAGE_ARCH,
@@ -565,7 +636,10 @@ fn pods_are_pinned_to_amd64_without_clobbering_kueues_node_selection() {
     let overlay = tmp.path().join("overlay");
     std::fs::create_dir_all(&base).expect("mkdir");
     std::fs::create_dir_all(&overlay).expect("mkdir");
-    let kueue_install = relative_to(&base, &repo().join("deploy/kueue/kueue-install"));
+    let kueue_install = kueue::relative_path(
+        &base,
+        &tree(SHIPPED_KUEUE_VERSION).join("deploy/kueue/kueue-install"),
+    );
     std::fs::write(
         base.join("kustomization.yaml"),
         format!(
@@ -591,7 +665,7 @@ patches:
         ),
     )
     .expect("write base");
-    let components = relative_to(&overlay, &repo().join("deploy/kueue/components"));
+    let components = kueue::relative_path(&overlay, &repo().join("deploy/kueue/components"));
     std::fs::write(
         overlay.join("kustomization.yaml"),
         format!(
@@ -638,8 +712,7 @@ components:
 
 #[test]
 fn broker_config_in_the_configmap_passes_check_config() {
-    for (dir, _) in OVERLAYS {
-        let objects = render(dir);
+    for (dir, _, objects) in overlays() {
         let tmp = tempdir();
         let file = tmp.path().join("config.yaml");
         std::fs::write(&file, broker_config_text(&objects)).expect("write config");
@@ -682,8 +755,7 @@ fn broker_config_in_the_configmap_passes_check_config() {
 
 #[test]
 fn kueue_config_runs_the_shim_with_cluster_info() {
-    for (dir, _) in OVERLAYS {
-        let objects = render(dir);
+    for (dir, _, objects) in overlays() {
         let kueue = kueue_config(&objects);
         let broker = broker_config(&objects);
         assert_eq!(
@@ -1353,8 +1425,7 @@ fn shim_as_the_manager_sees_it(objects: &[Value], delivery: Delivery, scratch: &
 fn kueue_exec_command_finds_the_shim_in_both_delivery_variants() {
     let shim_bytes =
         std::fs::read(image_content().join("plugins/bin/credbroker-shim")).expect("read shim");
-    for (dir, delivery) in OVERLAYS {
-        let objects = render(dir);
+    for (dir, delivery, objects) in overlays() {
         let scratch = tempdir();
         let path = shim_as_the_manager_sees_it(&objects, delivery, scratch.path());
         let meta = path.metadata().unwrap_or_else(|e| {
@@ -1579,9 +1650,9 @@ fn selects(selector: &Value, labels: &Value) -> bool {
 #[test]
 fn metrics_component_exposes_the_port_the_config_listens_on() {
     // Metrics stay off in the shipped overlays.
-    for (dir, _) in OVERLAYS {
+    for (dir, _, objects) in overlays() {
         assert!(
-            broker_config(&render(dir))["metrics"].is_null(),
+            broker_config(&objects)["metrics"].is_null(),
             "{dir}: metrics are opt-in (the component)"
         );
     }

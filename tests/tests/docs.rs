@@ -23,14 +23,16 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use credbroker_tests::doc_blocks::{Block, blocks_of, doc_files, extract, repo_root};
+use credbroker_tests::kueue;
 use credbroker_tests::{BROKER, COMMAND_TIMEOUT, SHIM, bin, describe, require_tool, run, tempdir};
 use serde_json::Value;
 
 /// Where the shipped Kueue configuration lives: the names and paths docs must agree with.
 const SHIPPED_KUEUE_CONFIG: &str =
     "deploy/kueue/components/kueue-config/controller_manager_config.yaml";
-/// The overlay a `kustomize-patch` block is applied on top of (it includes the stand-in
-/// Kueue, deploy/kueue/kueue-install, and the credbroker sidecar the patches edit).
+/// The overlay a `kustomize-patch` block is applied on top of (Kueue's release manifest,
+/// deploy/kueue/kueue-install, rendered here from Kueue's own config/default of that version,
+/// and the credbroker sidecar the patches edit).
 const PATCH_BASE: &str = "deploy/kueue/image-volume";
 /// The shim's path in the image layout (`/plugins/bin`, where both shim deliveries put it).
 const SHIM_PATH: &str = "/plugins/bin/credbroker-shim";
@@ -376,7 +378,7 @@ fn check_kustomize_patch(patch: &str) -> Result<(), String> {
     );
     let dir = tempdir();
     std::fs::write(dir.path().join("patch.yaml"), patch).expect("write the patch");
-    let base = repo_root().join(PATCH_BASE);
+    let base = deploy_tree().join(PATCH_BASE);
     std::fs::write(
         dir.path().join("kustomization.yaml"),
         format!(
@@ -414,6 +416,15 @@ fn check_kustomize_patch(patch: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The copy of `deploy/` over Kueue's real manifests at the shipped version, once per process.
+fn deploy_tree() -> &'static Path {
+    static TREE: OnceLock<std::path::PathBuf> = OnceLock::new();
+    TREE.get_or_init(|| {
+        let at = Path::new(env!("CARGO_TARGET_TMPDIR")).join("docs-deploy-over-kueue");
+        kueue::deploy_over_kueue(&repo_root(), &at, kueue::SHIPPED_KUEUE_VERSION)
+    })
 }
 
 /// `to` as a path relative to `from` (kustomize refuses absolute resource paths).
