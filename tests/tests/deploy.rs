@@ -1723,6 +1723,76 @@ fn metrics_component_exposes_the_port_the_config_listens_on() {
     assert_eq!(endpoint["path"], "/metrics", "{monitor}");
     let rule = find(&objects, "PrometheusRule", "credbroker");
     assert_eq!(rule["metadata"]["namespace"], NAMESPACE);
+
+    // Over Kueue's real manifests, the PodMonitor reaches the broker and nothing else.
+    for version in KUEUE_VERSIONS {
+        let objects = render_over(METRICS_EXAMPLE, version);
+        let monitor = find(&objects, "PodMonitor", "credbroker");
+        let targets = pod_monitor_targets(pod_spec(&objects), monitor);
+        assert_eq!(
+            targets,
+            [(SIDECAR.to_owned(), port)],
+            "over Kueue {version}, the PodMonitor must scrape the broker's port only \
+             (Kueue's manager serves HTTPS metrics on a port named `metrics`)"
+        );
+    }
+}
+
+/// The (container, port) pairs a PodMonitor's endpoints scrape in `pod`, as Prometheus'
+/// pod discovery makes them: one target per declared container port (init containers
+/// included) whose name is the endpoint's `port`, kept or dropped by `keep` relabelings on
+/// the container name.
+fn pod_monitor_targets(pod: &Value, monitor: &Value) -> Vec<(String, u64)> {
+    let mut targets = Vec::new();
+    for endpoint in list(&monitor["spec"]["podMetricsEndpoints"], "podMetricsEndpoints") {
+        let want = str_of(&endpoint["port"], "podMetricsEndpoints[].port");
+        for kind in ["initContainers", "containers"] {
+            for c in pod[kind].as_array().into_iter().flatten() {
+                let container = str_of(&c["name"], "container name");
+                let kept = endpoint["relabelings"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|r| r["action"] == "keep")
+                    .all(|r| {
+                        assert_eq!(
+                            strings(&r["sourceLabels"], "sourceLabels"),
+                            ["__meta_kubernetes_pod_container_name"],
+                            "a keep relabeling this check does not model: {r}"
+                        );
+                        r["regex"] == container
+                    });
+                for p in c["ports"].as_array().into_iter().flatten() {
+                    if p["name"] == want && kept {
+                        let number = p["containerPort"].as_u64().expect("containerPort");
+                        targets.push((container.to_owned(), number));
+                    }
+                }
+            }
+        }
+    }
+    targets
+}
+
+#[test]
+fn pod_monitor_targets_model_the_port_name_collision() {
+    let pod = json!({
+        "initContainers": [{"name": "credbroker", "ports": [{"name": "metrics", "containerPort": 9090}]}],
+        "containers": [{"name": "manager", "ports": [{"name": "metrics", "containerPort": 8443}]}],
+    });
+    let by_name = json!({"spec": {"podMetricsEndpoints": [{"port": "metrics"}]}});
+    assert_eq!(
+        pod_monitor_targets(&pod, &by_name),
+        [("credbroker".to_owned(), 9090), ("manager".to_owned(), 8443)],
+        "issue 23.1: a shared port name scrapes Kueue's HTTPS port too"
+    );
+    let kept = json!({"spec": {"podMetricsEndpoints": [{"port": "metrics", "relabelings": [
+        {"sourceLabels": ["__meta_kubernetes_pod_container_name"], "regex": "credbroker", "action": "keep"}
+    ]}]}});
+    assert_eq!(
+        pod_monitor_targets(&pod, &kept),
+        [("credbroker".to_owned(), 9090)]
+    );
 }
 
 /// `credbroker_*` metric names and `label="value"` / `label!="value"` matchers in a PromQL
