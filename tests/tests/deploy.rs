@@ -22,6 +22,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use base64::Engine as _;
+use credbroker_tests::doc_blocks::blocks_of;
 use credbroker_tests::kueue::{self, KUEUE_VERSIONS, SHIPPED_KUEUE_VERSION};
 use credbroker_tests::{
     BROKER_TIMEOUT, COMMAND_TIMEOUT, Running, V1, assert_credential, assert_shim_error, describe,
@@ -458,6 +459,174 @@ fn kueue_install_names_the_release_the_tests_render_over() {
         )),
         "components/kueue-config carries Kueue {SHIPPED_KUEUE_VERSION}'s configuration"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// The user's own kustomization (docs/deploy.md, section 3)
+// ---------------------------------------------------------------------------------------
+
+/// The directory docs/deploy.md's own kustomization lives in, beside `../credbroker`.
+const USER_DIR: &str = "my-kueue";
+
+/// The files of the user's kustomization as docs/deploy.md shows them: every fenced block
+/// whose first line is `# my-kueue/PATH` (optionally followed by `:` and a note), by PATH.
+fn user_files_from_deploy_md() -> BTreeMap<String, String> {
+    let mut files = BTreeMap::new();
+    for block in blocks_of(&repo(), "docs/deploy.md") {
+        let first = block.body.lines().next().unwrap_or("");
+        let Some(rest) = first.strip_prefix(&format!("# {USER_DIR}/")) else {
+            continue;
+        };
+        let path = rest.split(':').next().expect("a path").trim().to_owned();
+        assert!(
+            files.insert(path.clone(), block.body.clone()).is_none(),
+            "{}: a second block for {USER_DIR}/{path}",
+            block.at()
+        );
+    }
+    files
+}
+
+/// Uncomments the lines of `text` that contain `marker` (`# ` after the indentation).
+fn uncomment(text: &str, marker: &str) -> String {
+    let mut found = false;
+    let out: String = text
+        .lines()
+        .map(|line| {
+            let indent = line.len() - line.trim_start().len();
+            match line[indent..].strip_prefix("# ") {
+                Some(rest) if line.contains(marker) => {
+                    found = true;
+                    format!("{}{rest}\n", &line[..indent])
+                }
+                _ => format!("{line}\n"),
+            }
+        })
+        .collect();
+    assert!(found, "no commented line with {marker:?} in:\n{text}");
+    out
+}
+
+/// Item 3 of issue 23: the one supported way to give the broker your own config. The three
+/// files are rendered as docs/deploy.md writes them (the Kueue release URL replaced by the same
+/// release's config/default, offline), with metrics off and on and with either shim
+/// component: the broker gets the user's credbroker.yaml byte for byte every time.
+#[test]
+fn users_own_config_survives_turning_components_on_and_off() {
+    let files = user_files_from_deploy_md();
+    let names: Vec<&str> = files.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "credbroker-config/credbroker.yaml",
+            "credbroker-config/kustomization.yaml",
+            "kustomization.yaml"
+        ],
+        "docs/deploy.md shows {USER_DIR}/'s files"
+    );
+    let release = format!(
+        "https://github.com/kubernetes-sigs/kueue/releases/download/{SHIPPED_KUEUE_VERSION}/manifests.yaml"
+    );
+    let kustomization = &files["kustomization.yaml"];
+    assert!(
+        kustomization.contains(&format!("  - {release}\n")),
+        "{USER_DIR}/kustomization.yaml names Kueue {SHIPPED_KUEUE_VERSION}'s release manifest"
+    );
+    let config = &files["credbroker-config/credbroker.yaml"];
+
+    let tmp = tempdir();
+    kueue::deploy_over_kueue(
+        &repo(),
+        &tmp.path().join("credbroker"),
+        SHIPPED_KUEUE_VERSION,
+    );
+    let user = tmp.path().join(USER_DIR);
+    std::fs::create_dir_all(user.join("credbroker-config")).expect("mkdir");
+    let kueue_default = kueue::relative_path(
+        &user,
+        &kueue::kueue_dir(SHIPPED_KUEUE_VERSION).join("config/default"),
+    );
+    let offline = kustomization.replace(&release, kueue_default.to_str().expect("UTF-8"));
+
+    let metrics_on = uncomment(&offline, "components/credbroker-metrics");
+    let init_copy = offline
+        .replace("shim-image-volume", "shim-init-copy")
+        .replace(
+            "# - {name: credbroker-shim-installer",
+            "- {name: credbroker-shim-installer",
+        );
+    let cases = [
+        ("as written", offline.clone(), config.clone(), false),
+        (
+            "with credbroker-metrics and metrics.address",
+            metrics_on,
+            uncomment(config, "metrics:"),
+            true,
+        ),
+        ("with shim-init-copy", init_copy, config.clone(), false),
+    ];
+    for (case, kustomization, config, metrics) in cases {
+        for (path, text) in [
+            ("kustomization.yaml", kustomization.as_str()),
+            (
+                "credbroker-config/kustomization.yaml",
+                files["credbroker-config/kustomization.yaml"].as_str(),
+            ),
+            ("credbroker-config/credbroker.yaml", config.as_str()),
+        ] {
+            std::fs::write(user.join(path), text).expect("write a file of the user's overlay");
+        }
+        let out = run(
+            Command::new(kubectl()).arg("kustomize").arg(&user),
+            COMMAND_TIMEOUT,
+        );
+        assert!(
+            out.status.success(),
+            "{case}: kubectl kustomize {USER_DIR}: {}",
+            describe(&out)
+        );
+        let objects = parse_yaml_stream(&String::from_utf8_lossy(&out.stdout), case);
+        let configs: Vec<_> = all(&objects, "ConfigMap")
+            .into_iter()
+            .filter(|c| str_of(&c["metadata"]["name"], "name").starts_with("credbroker-config"))
+            .collect();
+        assert_eq!(configs.len(), 1, "{case}: one broker ConfigMap");
+        assert_eq!(
+            broker_config_text(&objects),
+            config,
+            "{case}: the broker runs the user's credbroker.yaml, byte for byte"
+        );
+        let cfg = tmp.path().join("config.yaml");
+        std::fs::write(&cfg, &config).expect("write config");
+        let checked = run_broker_cli(&["check-config".as_ref(), cfg.as_os_str()]);
+        assert!(checked.status.success(), "{case}: {}", describe(&checked));
+        let pod = pod_spec(&objects);
+        let image = str_of(&sidecar(pod)["image"], "sidecar image");
+        assert_eq!(image, "REGISTRY/credbroker:TAG", "{case}");
+        let ports = sidecar(pod)["ports"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let address = parse_yaml(&config, case)["metrics"]["address"].clone();
+        if metrics {
+            let port: u64 = str_of(&address, "metrics.address")
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse().ok())
+                .expect("HOST:PORT");
+            assert!(
+                ports
+                    .iter()
+                    .any(|p| p["containerPort"].as_u64() == Some(port)),
+                "{case}: the sidecar declares the port the user's config listens on: {ports:?}"
+            );
+            find(&objects, "PodMonitor", "credbroker");
+        } else {
+            assert!(
+                address.is_null() && ports.is_empty(),
+                "{case}: metrics stay off"
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1638,7 +1807,8 @@ fn rendered_config_serves_probe_and_example_cluster_in_an_empty_root() {
 
 /// An overlay with the metrics component (the image-volume overlay plus the component).
 const METRICS_EXAMPLE: &str = "deploy/examples/metrics";
-const METRICS_COMPONENT: &str = "deploy/kueue/components/credbroker-metrics";
+/// The metrics example's own broker config (a component of the example's, listed last).
+const METRICS_EXAMPLE_CONFIG: &str = "deploy/examples/metrics/credbroker-config/credbroker.yaml";
 const NETWORK_POLICY_EXAMPLE: &str = "deploy/examples/network-policy";
 
 /// Whether every `key: value` of `selector` is among `labels`.
@@ -1676,13 +1846,17 @@ fn metrics_component_exposes_the_port_the_config_listens_on() {
         .remove("metrics");
     assert_eq!(
         without_metrics, base,
-        "{METRICS_COMPONENT}/credbroker.yaml must be the sidecar component's credbroker.yaml plus `metrics`"
+        "{METRICS_EXAMPLE_CONFIG} must be the sidecar component's credbroker.yaml plus `metrics`"
     );
     let configs: Vec<_> = all(&objects, "ConfigMap")
         .into_iter()
         .filter(|c| str_of(&c["metadata"]["name"], "name").starts_with("credbroker-config"))
         .collect();
-    assert_eq!(configs.len(), 1, "the component replaces the config");
+    assert_eq!(
+        configs.len(),
+        1,
+        "the example's config replaces the sidecar's"
+    );
     let tmp = tempdir();
     let file = tmp.path().join("config.yaml");
     std::fs::write(&file, broker_config_text(&objects)).expect("write config");
@@ -1744,7 +1918,10 @@ fn metrics_component_exposes_the_port_the_config_listens_on() {
 /// the container name.
 fn pod_monitor_targets(pod: &Value, monitor: &Value) -> Vec<(String, u64)> {
     let mut targets = Vec::new();
-    for endpoint in list(&monitor["spec"]["podMetricsEndpoints"], "podMetricsEndpoints") {
+    for endpoint in list(
+        &monitor["spec"]["podMetricsEndpoints"],
+        "podMetricsEndpoints",
+    ) {
         let want = str_of(&endpoint["port"], "podMetricsEndpoints[].port");
         for kind in ["initContainers", "containers"] {
             for c in pod[kind].as_array().into_iter().flatten() {
@@ -1783,7 +1960,10 @@ fn pod_monitor_targets_model_the_port_name_collision() {
     let by_name = json!({"spec": {"podMetricsEndpoints": [{"port": "metrics"}]}});
     assert_eq!(
         pod_monitor_targets(&pod, &by_name),
-        [("credbroker".to_owned(), 9090), ("manager".to_owned(), 8443)],
+        [
+            ("credbroker".to_owned(), 9090),
+            ("manager".to_owned(), 8443)
+        ],
         "issue 23.1: a shared port name scrapes Kueue's HTTPS port too"
     );
     let kept = json!({"spec": {"podMetricsEndpoints": [{"port": "metrics", "relabelings": [
