@@ -561,6 +561,27 @@ fn check_kubeconfig(text: &str) -> Result<(), String> {
         }
         errors.extend(check_extensions(&c["cluster"]["extensions"], &at));
     }
+    if errors.is_empty() && !doc["apiVersion"].is_null() {
+        // A whole kubeconfig must load as pasted (a `…` in certificate-authority-data is
+        // "illegal base64 data" to client-go).
+        let kubectl = require_tool("kubectl", "install kubectl (it loads kubeconfig blocks)");
+        let dir = tempdir();
+        let file = dir.path().join("kubeconfig");
+        std::fs::write(&file, text).expect("write the kubeconfig");
+        let out = run(
+            Command::new(kubectl)
+                .env_remove("KUBECONFIG")
+                .args(["config", "view", "--kubeconfig"])
+                .arg(&file),
+            COMMAND_TIMEOUT,
+        );
+        if !out.status.success() {
+            errors.push(format!(
+                "`kubectl config view` cannot load it: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
     if errors.is_empty() {
         Ok(())
     } else {
@@ -952,6 +973,19 @@ clusters:
         "interactiveMode",
     );
     assert_fails(&kubeconfig.replace("https://dev", "http://dev"), "https");
+    // A whole kubeconfig must load: README's placeholder CA data once failed as pasted.
+    let whole = kubeconfig.replace(
+        "```yaml kubeconfig\n",
+        "```yaml kubeconfig\napiVersion: v1\nkind: Config\n",
+    );
+    assert_passes(&whole);
+    assert_fails(
+        &whole.replace(
+            "{server: https://dev.example.com}",
+            "{server: https://dev.example.com, certificate-authority-data: …}",
+        ),
+        "illegal base64",
+    );
     let profile = "```yaml k8s
 apiVersion: multicluster.x-k8s.io/v1alpha1
 kind: ClusterProfile
