@@ -89,6 +89,54 @@ fn the_shipped_kueue_config_passes_the_kueue_rules() {
     check_kueue_config(&text).unwrap();
 }
 
+/// README and docs/deploy.md state the versions the real-cluster suite runs: e2e/peers.sh's.
+#[test]
+fn verified_versions_are_the_ones_the_real_cluster_suite_runs() {
+    let peers = std::fs::read_to_string(repo_root().join("e2e/peers.sh")).expect("e2e/peers.sh");
+    let value = |key: &str| -> String {
+        peers
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .and_then(|v| v.split_whitespace().next())
+            .unwrap_or_else(|| panic!("e2e/peers.sh sets no {key}"))
+            .trim_matches('"')
+            .to_owned()
+    };
+    let mut versions = vec![
+        value("KUBE_VERSION"),
+        value("ETCD_VERSION"),
+        value("CIA_VERSION"),
+    ];
+    let kueue_versions = peers
+        .lines()
+        .find_map(|l| l.strip_prefix("KUEUE_VERSIONS=\""))
+        .and_then(|v| v.split('"').next())
+        .expect("e2e/peers.sh sets KUEUE_VERSIONS");
+    versions.extend(kueue_versions.split_whitespace().map(str::to_owned));
+    assert_eq!(
+        kueue_versions.split_whitespace().collect::<Vec<_>>(),
+        kueue::KUEUE_VERSIONS,
+        "tests/src/kueue.rs renders over the Kueue versions e2e/ runs"
+    );
+    for (file, heading) in [
+        ("README.md", "**Verified with**"),
+        ("docs/deploy.md", "## Verified with"),
+        ("docs/deploy.md", "## Requirements"),
+    ] {
+        let text = std::fs::read_to_string(repo_root().join(file)).expect("read");
+        let at = text
+            .find(heading)
+            .unwrap_or_else(|| panic!("{file} has no {heading:?}"));
+        let section: String = text[at..].lines().take(30).collect::<Vec<_>>().join("\n");
+        for v in &versions {
+            assert!(
+                section.contains(v.as_str()),
+                "{file}, {heading}: {v} (from e2e/peers.sh) is not stated"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_readme_walkthrough_is_a_run_block() {
     let blocks = blocks_of(&repo_root(), "README.md");
