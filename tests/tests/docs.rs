@@ -507,7 +507,8 @@ fn check_pod_spec(spec: &Value) -> Result<(), String> {
             if c["image"].as_str().is_none_or(str::is_empty) {
                 errors.push(format!("rendered {list}[{name}] has no image"));
             }
-            for m in c["volumeMounts"].as_array().into_iter().flatten() {
+            let mounts: Vec<&Value> = c["volumeMounts"].as_array().into_iter().flatten().collect();
+            for m in &mounts {
                 let v = m["name"].as_str().unwrap_or("?");
                 if !volumes.contains(v) {
                     errors.push(format!(
@@ -515,6 +516,7 @@ fn check_pod_spec(spec: &Value) -> Result<(), String> {
                     ));
                 }
             }
+            errors.extend(nested_in_read_only(spec, list, name, &mounts));
         }
     }
     if errors.is_empty() {
@@ -522,6 +524,49 @@ fn check_pod_spec(spec: &Value) -> Result<(), String> {
     } else {
         Err(errors.join("; "))
     }
+}
+
+/// Mounts inside another mount of the same container whose volume is read-only (a ConfigMap,
+/// Secret, projected or image volume, or `readOnly: true`): the runtime must create the inner
+/// mount point inside a read-only filesystem, which fails at container start.
+fn nested_in_read_only(
+    spec: &Value,
+    list: &str,
+    container: &str,
+    mounts: &[&Value],
+) -> Vec<String> {
+    let read_only = |m: &Value| {
+        let volume = spec["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == m["name"]);
+        m["readOnly"] == true
+            || volume.is_some_and(|v| {
+                ["configMap", "secret", "projected", "image", "downwardAPI"]
+                    .iter()
+                    .any(|kind| !v[*kind].is_null())
+            })
+    };
+    let mut errors = Vec::new();
+    for outer in mounts.iter().filter(|m| read_only(m)) {
+        let Some(at) = outer["mountPath"].as_str() else {
+            continue;
+        };
+        for inner in mounts {
+            let Some(path) = inner["mountPath"].as_str() else {
+                continue;
+            };
+            if path.starts_with(&format!("{}/", at.trim_end_matches('/'))) {
+                errors.push(format!(
+                    "rendered {list}[{container}] mounts {} at {path}, inside its read-only mount \
+                     of {} at {at}: the mount point cannot be created there; mount it elsewhere",
+                    inner["name"], outer["name"]
+                ));
+            }
+        }
+    }
+    errors
 }
 
 /// An exec user as credbroker's docs write them: the shim, with cluster info, never interactive.
@@ -974,6 +1019,13 @@ spec:
     assert_fails(
         "```yaml kustomize-patch\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: nope, namespace: kueue-system}\nspec: {replicas: 2}\n```\n",
         "cannot apply it",
+    );
+    // Issue 23.5: cross-cloud.md mounted GCP credentials inside the config's ConfigMap mount.
+    assert_fails(
+        &patch
+            .replace("CONTAINERS", "initContainers")
+            .replace("/extra", "/etc/credbroker/gcp"),
+        "inside its read-only mount of \"credbroker-config\" at /etc/credbroker",
     );
 }
 
