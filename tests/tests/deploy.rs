@@ -1145,6 +1145,13 @@ fn example_cluster_profiles_carry_what_their_provider_needs() {
                     panic!("{name}: certificate-authority-data is not base64: {e}")
                 });
             let extension = exec_extension(cluster);
+            // As every provider doc writes its extension: clusterName names the cluster in the
+            // broker's log lines and errors, whatever the provider needs (issue 23.5: the GKE
+            // example had none while gcp.md and README put it there).
+            assert!(
+                extension["clusterName"].is_string(),
+                "{name}: the exec extension carries clusterName, as the docs' examples do: {extension}"
+            );
             let missing = missing_keys(provider, &extension);
             assert!(
                 missing.is_empty(),
