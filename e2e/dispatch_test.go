@@ -154,14 +154,14 @@ func TestDispatchExec(t *testing.T) {
 const secretsProvider = `
 name: secretreader
 type: kubernetesSecret
-kubernetesSecret: {namespace: kueue-system}
+kubernetesSecret: {namespace: kueue-system, labelSelector: credbroker.dev/credential=true}
 `
 
 func createTokenSecret(t *testing.T, name, token string) {
 	t.Helper()
 	err := harness.Apply(context.Background(), fleet.Hub.Client, fmt.Sprintf(`apiVersion: v1
 kind: Secret
-metadata: {name: %s, namespace: kueue-system}
+metadata: {name: %s, namespace: kueue-system, labels: {credbroker.dev/credential: "true"}}
 stringData: {token: %q}
 `, name, token))
 	if err != nil {

@@ -75,7 +75,7 @@ func run(m *testing.M) int {
 // scenario adds (the shape docs/ gives them).
 func kueueConfig(t *testing.T, extra ...map[string]any) map[string]any {
 	t.Helper()
-	cfg, err := harness.RenderedKueueConfig()
+	cfg, err := harness.RenderedKueueConfig(peers.Kueue[kueueMain], scratch)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -66,6 +66,13 @@ have buildah || die "buildah is missing and could not be installed"
 have skopeo || apt_install skopeo
 have skopeo || die "skopeo is missing and could not be installed"
 printf 'kubectl: %s\ngrpcurl: %s\n' "$(kubectl version --client 2>/dev/null | head -1)" "$(grpcurl -version 2>&1)"
+# Kueue's own manifests (its config/default at the versions e2e/ verifies) and the real-cluster
+# peers, from the Go module proxy into ~/.cache/credbroker-e2e (e2e/README.md): the deploy and
+# docs tests render every overlay over Kueue's real manifests, so this runs before cargo test.
+# Idempotent and cached (a second run takes well under a second); a peer that cannot be built
+# fails the run.
+have go || die "go is missing (e2e/peers.sh fetches Kueue's manifests and builds the e2e peers)"
+e2e/peers.sh
 
 say "format and lints"
 cargo fmt --all -- --check
@@ -88,11 +95,9 @@ cargo test --locked --workspace
 cargo run --locked -q -p credbroker-bench -- --smoke >/dev/null   # benchmarks keep working (BENCHMARKS.md)
 
 say "real-cluster suite (e2e/): Kueue, kube-apiserver and etcd from the Go module proxy"
-# Peers built once per version into ~/.cache/credbroker-e2e (e2e/README.md); a peer that cannot
-# be built fails the run. Then Kueue v0.19.2 and v0.17.0 dispatch Jobs through credbroker.
-have go || die "go is missing (the e2e suite builds its peers with the Go toolchain)"
+# Peers built by e2e/peers.sh above (test peers); Kueue v0.19.2 and v0.17.0 dispatch Jobs
+# through credbroker.
 [ "$(id -u)" = 0 ] || die "the e2e suite needs root (mount namespaces and chroot for Kueue and the broker)"
-e2e/peers.sh
 unformatted=$(cd e2e && gofmt -l .)
 [ -z "$unformatted" ] || die "gofmt: these e2e files need formatting: $unformatted"
 (cd e2e && GOTOOLCHAIN=local go vet ./... && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e)|_test\.go:[0-9]+: ' | cut -c1-600; exit "${PIPESTATUS[0]}")

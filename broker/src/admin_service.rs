@@ -333,6 +333,7 @@ impl AdminService for AdminApi {
                         .as_ref()
                         .map(|(e, _)| e.clone())
                         .unwrap_or_default(),
+                    state: health.state(c.provider.available()).to_owned(),
                     last_error_time: health.last_error.map(|(_, t)| timestamp(t)),
                 }
             })

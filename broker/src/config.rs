@@ -703,6 +703,25 @@ impl Config {
         } else {
             tree
         };
+        // Anything but a mapping would be read as a tuple of the top-level sections, so a
+        // `providers:` fragment pasted on its own (a list) was reported against `socket`.
+        if !tree.is_object() {
+            let (what, hint) = match &tree {
+                serde_json::Value::Array(_) => (
+                    "a list",
+                    "; a list of provider entries goes under `providers:`",
+                ),
+                serde_json::Value::String(_) => ("a string", ""),
+                _ => ("a scalar", ""),
+            };
+            return Err(invalid(
+                "(top level)".to_owned(),
+                format!(
+                    "the document is {what}, but a credbroker config is a mapping with the \
+                     keys socket, cache, metrics, rateLimit, limits and providers{hint}"
+                ),
+            ));
+        }
         let written: ConfigFile = serde_path_to_error::deserialize(tree).map_err(|e| {
             let path = match e.path().to_string() {
                 p if p == "." => "(top level)".to_owned(),

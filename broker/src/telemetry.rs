@@ -29,6 +29,24 @@ pub struct Health {
     pub failing: bool,
 }
 
+/// What `ListProviders` says of a provider: `available` is [`Provider::available`]
+/// (`crate::providers::Provider`).
+impl Health {
+    /// `unavailable`, `failing`, `untested` (no upstream call recorded yet: nothing says its
+    /// identity works) or `ready`.
+    pub fn state(&self, available: bool) -> &'static str {
+        if !available {
+            "unavailable"
+        } else if self.failing {
+            "failing"
+        } else if self.last_success.is_none() {
+            "untested"
+        } else {
+            "ready"
+        }
+    }
+}
+
 impl ProviderHealth {
     pub fn record(&self, provider: &str, result: Result<(), &CacheError>) {
         let mut map = self
@@ -104,6 +122,18 @@ impl CacheObserver for Telemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn state_is_untested_until_an_upstream_call_is_made() {
+        let h = ProviderHealth::default();
+        assert_eq!(h.get("p").state(true), "untested");
+        assert_eq!(h.get("p").state(false), "unavailable");
+        h.record("p", Ok(()));
+        assert_eq!(h.get("p").state(true), "ready");
+        h.record("p", Err(&CacheError::Expired));
+        assert_eq!(h.get("p").state(true), "failing");
+        assert_eq!(h.get("p").state(false), "unavailable");
+    }
 
     #[test]
     fn health_tracks_the_last_call() {

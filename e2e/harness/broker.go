@@ -15,11 +15,11 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// DeployBrokerConfig is the broker config the metrics component ships
-// (deploy/kueue/components/credbroker-metrics/credbroker.yaml: the sidecar's credbroker.yaml
-// plus metrics), parsed.
+// DeployBrokerConfig is the broker config the sidecar component ships
+// (deploy/kueue/components/credbroker-sidecar/credbroker.yaml), parsed; StartBroker sets its
+// metrics.address, as deploy/examples/metrics's config does.
 func DeployBrokerConfig() (map[string]any, error) {
-	b, err := os.ReadFile(filepath.Join(RepoRoot(), "deploy/kueue/components/credbroker-metrics/credbroker.yaml"))
+	b, err := os.ReadFile(filepath.Join(RepoRoot(), "deploy/kueue/components/credbroker-sidecar/credbroker.yaml"))
 	if err != nil {
 		return nil, err
 	}

@@ -13,12 +13,38 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// RenderedKueueConfig is controller_manager_config.yaml exactly as the user applies it:
-// `kubectl kustomize deploy/kueue/image-volume`, ConfigMap kueue-manager-config.
-func RenderedKueueConfig() (map[string]any, error) {
-	out, err := exec.Command("kubectl", "kustomize", filepath.Join(RepoRoot(), "deploy", "kueue", "image-volume")).Output()
+// RenderedKueueConfig is controller_manager_config.yaml as the user applies it:
+// `kubectl kustomize deploy/kueue/image-volume`, ConfigMap kueue-manager-config. The shipped
+// deploy/kueue/kueue-install names Kueue's release manifest by URL; here it is rendered, in a
+// copy of deploy/ under scratch, from the Kueue module's own config/default (k.Dir), offline.
+func RenderedKueueConfig(k KueuePeer, scratch string) (map[string]any, error) {
+	tree, err := os.MkdirTemp(scratch, "deploy-")
 	if err != nil {
-		return nil, fmt.Errorf("kubectl kustomize deploy/kueue/image-volume: %w", err)
+		return nil, err
+	}
+	if err := os.CopyFS(tree, os.DirFS(filepath.Join(RepoRoot(), "deploy"))); err != nil {
+		return nil, fmt.Errorf("copy deploy/: %w", err)
+	}
+	install := filepath.Join(tree, "kueue", "kueue-install")
+	absInstall, err := filepath.EvalSymlinks(install)
+	if err != nil {
+		return nil, err
+	}
+	absDefault, err := filepath.EvalSymlinks(filepath.Join(k.Dir, "config", "default"))
+	if err != nil {
+		return nil, fmt.Errorf("kueue %s config/default: %w (run e2e/peers.sh)", k.Version, err)
+	}
+	rel, err := filepath.Rel(absInstall, absDefault) // kustomize refuses absolute resource paths
+	if err != nil {
+		return nil, err
+	}
+	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\n", rel)
+	if err := os.WriteFile(filepath.Join(install, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
+		return nil, err
+	}
+	out, err := exec.Command("kubectl", "kustomize", filepath.Join(tree, "kueue", "image-volume")).Output()
+	if err != nil {
+		return nil, fmt.Errorf("kubectl kustomize deploy/kueue/image-volume over kueue %s: %w", k.Version, err)
 	}
 	for _, doc := range bytes.Split(out, []byte("\n---\n")) {
 		var obj struct {

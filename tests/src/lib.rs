@@ -16,7 +16,9 @@
 //! - [`fakes`]: [`FakeHttps`] and the upstreams on it (STS, GCE metadata and Google OAuth,
 //!   Entra ID, a Kubernetes API server), and [`fakes::kube_api`] (list and watch of Secrets);
 //! - [`doc_blocks`]: the fenced blocks of README.md and docs/, by kind (docs are tested);
-//! - [`alerts`]: the deploy's alert rules evaluated against two `/metrics` scrapes.
+//! - [`alerts`]: the deploy's alert rules evaluated against two `/metrics` scrapes;
+//! - [`kueue`]: Kueue's own manifests (e2e/peers.sh), which the deploy and docs tests render
+//!   `deploy/` over.
 //!
 //! Every wait is bounded and every child process is killed when its owner is dropped.
 
@@ -26,6 +28,7 @@ pub mod alerts;
 pub mod broker;
 pub mod doc_blocks;
 pub mod fakes;
+pub mod kueue;
 pub mod modal_plugin;
 pub mod peers;
 pub mod plugins;

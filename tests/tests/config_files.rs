@@ -39,6 +39,34 @@ fn check_config_refuses_duplicate_keys_naming_the_path() {
     );
 }
 
+/// Item 5 of issue 23: a `providers:` fragment pasted into a file on its own was read as a
+/// tuple of the top-level sections, so check-config named the socket section's fields
+/// ("unknown field `allowOverrides`, expected one of `path`, `mode`, …").
+#[test]
+fn a_document_that_is_not_a_mapping_is_refused_saying_what_the_top_level_holds() {
+    let dir = tempdir();
+    for (name, text, want) in [
+        (
+            "fragment.yaml",
+            "  - name: ocm\n    type: file\n    allowOverrides: {}\n    file: {path: \"/t/{clusterName}\"}\n",
+            "fragment.yaml: (top level): the document is a list, but a credbroker config is a mapping with the keys socket, cache, metrics, rateLimit, limits and providers; a list of provider entries goes under `providers:`",
+        ),
+        (
+            "scalar.yaml",
+            "credbroker\n",
+            "scalar.yaml: (top level): the document is a string, but a credbroker config is a mapping",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = run_broker_cli(&["check-config".as_ref(), path.as_os_str()]);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{stderr}");
+        assert!(!stderr.contains("`mode`"), "{stderr}");
+    }
+}
+
 #[test]
 fn an_alias_bomb_through_sighup_is_refused_and_never_delays_a_call() {
     let files = TokenFiles::new();

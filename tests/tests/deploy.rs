@@ -18,10 +18,12 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use base64::Engine as _;
+use credbroker_tests::doc_blocks::blocks_of;
+use credbroker_tests::kueue::{self, KUEUE_VERSIONS, SHIPPED_KUEUE_VERSION};
 use credbroker_tests::{
     BROKER_TIMEOUT, COMMAND_TIMEOUT, Running, V1, assert_credential, assert_shim_error, describe,
     require_tool, run, run_broker_cli, send_signal, tempdir, wait_until,
@@ -89,17 +91,50 @@ fn kubectl() -> PathBuf {
     )
 }
 
-/// `kubectl kustomize DIR` (relative to the repo), parsed into one JSON value per object.
+/// The copy of `deploy/` rendered over Kueue `version`'s own `config/default`
+/// ([`credbroker_tests::kueue`]), made once per test process.
+fn tree(version: &str) -> PathBuf {
+    static TREES: OnceLock<Mutex<BTreeMap<String, PathBuf>>> = OnceLock::new();
+    let mut trees = TREES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    trees
+        .entry(version.to_owned())
+        .or_insert_with(|| {
+            let at =
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("deploy-over-kueue-{version}"));
+            kueue::deploy_over_kueue(&repo(), &at, version)
+        })
+        .clone()
+}
+
+/// `kubectl kustomize DIR` (relative to the repo, under `deploy/`) over Kueue
+/// [`SHIPPED_KUEUE_VERSION`], the release `deploy/kueue/kueue-install` names.
 fn render(dir: &str) -> Vec<Value> {
+    render_over(dir, SHIPPED_KUEUE_VERSION)
+}
+
+/// Rendered objects by (directory, Kueue version).
+type Rendered = BTreeMap<(String, String), Vec<Value>>;
+
+/// `kubectl kustomize DIR` over Kueue `version`'s real manifests, parsed into one JSON value
+/// per object (cached: Kueue's manifests are thousands of lines).
+fn render_over(dir: &str, version: &str) -> Vec<Value> {
+    static RENDERED: OnceLock<Mutex<Rendered>> = OnceLock::new();
+    let key = (dir.to_owned(), version.to_owned());
+    let cache = RENDERED.get_or_init(Default::default);
+    if let Some(objects) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return objects.clone();
+    }
+    let root = tree(version);
     let out = run(
-        Command::new(kubectl())
-            .arg("kustomize")
-            .arg(repo().join(dir)),
+        Command::new(kubectl()).arg("kustomize").arg(root.join(dir)),
         COMMAND_TIMEOUT,
     );
     assert!(
         out.status.success(),
-        "kubectl kustomize {dir}: {}",
+        "kubectl kustomize {dir} over Kueue {version}: {}",
         describe(&out)
     );
     let text = String::from_utf8(out.stdout).expect("kustomize output is UTF-8");
@@ -108,7 +143,27 @@ fn render(dir: &str) -> Vec<Value> {
         !objects.is_empty(),
         "kubectl kustomize {dir} rendered nothing"
     );
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, objects.clone());
     objects
+}
+
+/// Both overlays over every Kueue version the suite verifies: ("DIR over Kueue VERSION",
+/// delivery, objects).
+fn overlays() -> Vec<(String, Delivery, Vec<Value>)> {
+    let mut all = Vec::new();
+    for version in KUEUE_VERSIONS {
+        for (dir, delivery) in OVERLAYS {
+            all.push((
+                format!("{dir} over Kueue {version}"),
+                delivery,
+                render_over(dir, version),
+            ));
+        }
+    }
+    all
 }
 
 /// A `---`-separated YAML stream (what kustomize prints) as JSON values.
@@ -377,14 +432,210 @@ fn every_kustomization_under_deploy_renders() {
     );
 }
 
+/// The shipped `kueue-install` is Kueue's release manifest of the version the tests render
+/// over in its place (and the one `components/kueue-config` carries the default config of).
+#[test]
+fn kueue_install_names_the_release_the_tests_render_over() {
+    let file = "deploy/kueue/kueue-install/kustomization.yaml";
+    let k = parse_yaml(
+        &std::fs::read_to_string(repo().join(file)).expect("read kueue-install"),
+        file,
+    );
+    assert_eq!(
+        strings(&k["resources"], "resources"),
+        [format!(
+            "https://github.com/kubernetes-sigs/kueue/releases/download/{SHIPPED_KUEUE_VERSION}/manifests.yaml"
+        )],
+        "{file}"
+    );
+    assert!(KUEUE_VERSIONS.contains(&SHIPPED_KUEUE_VERSION));
+    let config = std::fs::read_to_string(
+        repo().join("deploy/kueue/components/kueue-config/controller_manager_config.yaml"),
+    )
+    .expect("read the Kueue config");
+    assert!(
+        config.contains(&format!(
+            "Kueue {SHIPPED_KUEUE_VERSION}'s default configuration"
+        )),
+        "components/kueue-config carries Kueue {SHIPPED_KUEUE_VERSION}'s configuration"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The user's own kustomization (docs/deploy.md, section 3)
+// ---------------------------------------------------------------------------------------
+
+/// The directory docs/deploy.md's own kustomization lives in, beside `../credbroker`.
+const USER_DIR: &str = "my-kueue";
+
+/// The files of the user's kustomization as docs/deploy.md shows them: every fenced block
+/// whose first line is `# my-kueue/PATH` (optionally followed by `:` and a note), by PATH.
+fn user_files_from_deploy_md() -> BTreeMap<String, String> {
+    let mut files = BTreeMap::new();
+    for block in blocks_of(&repo(), "docs/deploy.md") {
+        let first = block.body.lines().next().unwrap_or("");
+        let Some(rest) = first.strip_prefix(&format!("# {USER_DIR}/")) else {
+            continue;
+        };
+        let path = rest.split(':').next().expect("a path").trim().to_owned();
+        assert!(
+            files.insert(path.clone(), block.body.clone()).is_none(),
+            "{}: a second block for {USER_DIR}/{path}",
+            block.at()
+        );
+    }
+    files
+}
+
+/// Uncomments the lines of `text` that contain `marker` (`# ` after the indentation).
+fn uncomment(text: &str, marker: &str) -> String {
+    let mut found = false;
+    let out: String = text
+        .lines()
+        .map(|line| {
+            let indent = line.len() - line.trim_start().len();
+            match line[indent..].strip_prefix("# ") {
+                Some(rest) if line.contains(marker) => {
+                    found = true;
+                    format!("{}{rest}\n", &line[..indent])
+                }
+                _ => format!("{line}\n"),
+            }
+        })
+        .collect();
+    assert!(found, "no commented line with {marker:?} in:\n{text}");
+    out
+}
+
+/// Item 3 of issue 23: the one supported way to give the broker your own config. The three
+/// files are rendered as docs/deploy.md writes them (the Kueue release URL replaced by the same
+/// release's config/default, offline), with metrics off and on and with either shim
+/// component: the broker gets the user's credbroker.yaml byte for byte every time.
+#[test]
+fn users_own_config_survives_turning_components_on_and_off() {
+    let files = user_files_from_deploy_md();
+    let names: Vec<&str> = files.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "credbroker-config/credbroker.yaml",
+            "credbroker-config/kustomization.yaml",
+            "kustomization.yaml"
+        ],
+        "docs/deploy.md shows {USER_DIR}/'s files"
+    );
+    let release = format!(
+        "https://github.com/kubernetes-sigs/kueue/releases/download/{SHIPPED_KUEUE_VERSION}/manifests.yaml"
+    );
+    let kustomization = &files["kustomization.yaml"];
+    assert!(
+        kustomization.contains(&format!("  - {release}\n")),
+        "{USER_DIR}/kustomization.yaml names Kueue {SHIPPED_KUEUE_VERSION}'s release manifest"
+    );
+    let config = &files["credbroker-config/credbroker.yaml"];
+
+    let tmp = tempdir();
+    kueue::deploy_over_kueue(
+        &repo(),
+        &tmp.path().join("credbroker"),
+        SHIPPED_KUEUE_VERSION,
+    );
+    let user = tmp.path().join(USER_DIR);
+    std::fs::create_dir_all(user.join("credbroker-config")).expect("mkdir");
+    let kueue_default = kueue::relative_path(
+        &user,
+        &kueue::kueue_dir(SHIPPED_KUEUE_VERSION).join("config/default"),
+    );
+    let offline = kustomization.replace(&release, kueue_default.to_str().expect("UTF-8"));
+
+    let metrics_on = uncomment(&offline, "components/credbroker-metrics");
+    let init_copy = offline
+        .replace("shim-image-volume", "shim-init-copy")
+        .replace(
+            "# - {name: credbroker-shim-installer",
+            "- {name: credbroker-shim-installer",
+        );
+    let cases = [
+        ("as written", offline.clone(), config.clone(), false),
+        (
+            "with credbroker-metrics and metrics.address",
+            metrics_on,
+            uncomment(config, "metrics:"),
+            true,
+        ),
+        ("with shim-init-copy", init_copy, config.clone(), false),
+    ];
+    for (case, kustomization, config, metrics) in cases {
+        for (path, text) in [
+            ("kustomization.yaml", kustomization.as_str()),
+            (
+                "credbroker-config/kustomization.yaml",
+                files["credbroker-config/kustomization.yaml"].as_str(),
+            ),
+            ("credbroker-config/credbroker.yaml", config.as_str()),
+        ] {
+            std::fs::write(user.join(path), text).expect("write a file of the user's overlay");
+        }
+        let out = run(
+            Command::new(kubectl()).arg("kustomize").arg(&user),
+            COMMAND_TIMEOUT,
+        );
+        assert!(
+            out.status.success(),
+            "{case}: kubectl kustomize {USER_DIR}: {}",
+            describe(&out)
+        );
+        let objects = parse_yaml_stream(&String::from_utf8_lossy(&out.stdout), case);
+        let configs: Vec<_> = all(&objects, "ConfigMap")
+            .into_iter()
+            .filter(|c| str_of(&c["metadata"]["name"], "name").starts_with("credbroker-config"))
+            .collect();
+        assert_eq!(configs.len(), 1, "{case}: one broker ConfigMap");
+        assert_eq!(
+            broker_config_text(&objects),
+            config,
+            "{case}: the broker runs the user's credbroker.yaml, byte for byte"
+        );
+        let cfg = tmp.path().join("config.yaml");
+        std::fs::write(&cfg, &config).expect("write config");
+        let checked = run_broker_cli(&["check-config".as_ref(), cfg.as_os_str()]);
+        assert!(checked.status.success(), "{case}: {}", describe(&checked));
+        let pod = pod_spec(&objects);
+        let image = str_of(&sidecar(pod)["image"], "sidecar image");
+        assert_eq!(image, "REGISTRY/credbroker:TAG", "{case}");
+        let ports = sidecar(pod)["ports"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let address = parse_yaml(&config, case)["metrics"]["address"].clone();
+        if metrics {
+            let port: u64 = str_of(&address, "metrics.address")
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse().ok())
+                .expect("HOST:PORT");
+            assert!(
+                ports
+                    .iter()
+                    .any(|p| p["containerPort"].as_u64() == Some(port)),
+                "{case}: the sidecar declares the port the user's config listens on: {ports:?}"
+            );
+            find(&objects, "PodMonitor", "credbroker");
+        } else {
+            assert!(
+                address.is_null() && ports.is_empty(),
+                "{case}: metrics stay off"
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The sidecar
 // ---------------------------------------------------------------------------------------
 
 #[test]
 fn sidecar_is_a_hardened_native_sidecar_sharing_the_socket_with_the_manager() {
-    for (dir, _) in OVERLAYS {
-        let objects = render(dir);
+    for (dir, _, objects) in overlays() {
         let pod = pod_spec(&objects);
         let side = sidecar(pod);
         let mgr = manager(pod);
@@ -503,22 +754,12 @@ fn sidecar_is_a_hardened_native_sidecar_sharing_the_socket_with_the_manager() {
     }
 }
 
-/// `target` as a path relative to the directory `from` (kustomize refuses absolute paths).
-fn relative_to(from: &Path, target: &Path) -> PathBuf {
-    let mut rel = PathBuf::new();
-    for _ in from.components().skip(1) {
-        rel.push("..");
-    }
-    rel.join(target.strip_prefix("/").expect("absolute target"))
-}
-
 /// Item 8 of issue 13: the sidecar's readiness must not depend on credentials. Kueue's manager
 /// pod backs its webhook Service (`failurePolicy: Fail`): a sidecar readinessProbe failing on a
 /// NOT_SERVING broker would take the pod out of the endpoints and refuse every Job cluster-wide.
 #[test]
 fn sidecar_probes_gate_startup_and_liveness_but_never_the_pods_readiness() {
-    for (dir, _) in OVERLAYS {
-        let objects = render(dir);
+    for (dir, _, objects) in overlays() {
         let side = sidecar(pod_spec(&objects));
         assert!(
             side["readinessProbe"].is_null(),
@@ -549,8 +790,7 @@ fn sidecar_probes_gate_startup_and_liveness_but_never_the_pods_readiness() {
 /// into whatever node selection Kueue's Deployment already has.
 #[test]
 fn pods_are_pinned_to_amd64_without_clobbering_kueues_node_selection() {
-    for (dir, _) in OVERLAYS {
-        let objects = render(dir);
+    for (dir, _, objects) in overlays() {
         let pod = pod_spec(&objects);
         assert_eq!(
             pod["nodeSelector"][ARCH_LABEL], IMAGE_ARCH,
@@ -565,7 +805,10 @@ fn pods_are_pinned_to_amd64_without_clobbering_kueues_node_selection() {
     let overlay = tmp.path().join("overlay");
     std::fs::create_dir_all(&base).expect("mkdir");
     std::fs::create_dir_all(&overlay).expect("mkdir");
-    let kueue_install = relative_to(&base, &repo().join("deploy/kueue/kueue-install"));
+    let kueue_install = kueue::relative_path(
+        &base,
+        &tree(SHIPPED_KUEUE_VERSION).join("deploy/kueue/kueue-install"),
+    );
     std::fs::write(
         base.join("kustomization.yaml"),
         format!(
@@ -591,7 +834,7 @@ patches:
         ),
     )
     .expect("write base");
-    let components = relative_to(&overlay, &repo().join("deploy/kueue/components"));
+    let components = kueue::relative_path(&overlay, &repo().join("deploy/kueue/components"));
     std::fs::write(
         overlay.join("kustomization.yaml"),
         format!(
@@ -638,8 +881,7 @@ components:
 
 #[test]
 fn broker_config_in_the_configmap_passes_check_config() {
-    for (dir, _) in OVERLAYS {
-        let objects = render(dir);
+    for (dir, _, objects) in overlays() {
         let tmp = tempdir();
         let file = tmp.path().join("config.yaml");
         std::fs::write(&file, broker_config_text(&objects)).expect("write config");
@@ -682,8 +924,7 @@ fn broker_config_in_the_configmap_passes_check_config() {
 
 #[test]
 fn kueue_config_runs_the_shim_with_cluster_info() {
-    for (dir, _) in OVERLAYS {
-        let objects = render(dir);
+    for (dir, _, objects) in overlays() {
         let kueue = kueue_config(&objects);
         let broker = broker_config(&objects);
         assert_eq!(
@@ -904,6 +1145,13 @@ fn example_cluster_profiles_carry_what_their_provider_needs() {
                     panic!("{name}: certificate-authority-data is not base64: {e}")
                 });
             let extension = exec_extension(cluster);
+            // As every provider doc writes its extension: clusterName names the cluster in the
+            // broker's log lines and errors, whatever the provider needs (issue 23.5: the GKE
+            // example had none while gcp.md and README put it there).
+            assert!(
+                extension["clusterName"].is_string(),
+                "{name}: the exec extension carries clusterName, as the docs' examples do: {extension}"
+            );
             let missing = missing_keys(provider, &extension);
             assert!(
                 missing.is_empty(),
@@ -1353,8 +1601,7 @@ fn shim_as_the_manager_sees_it(objects: &[Value], delivery: Delivery, scratch: &
 fn kueue_exec_command_finds_the_shim_in_both_delivery_variants() {
     let shim_bytes =
         std::fs::read(image_content().join("plugins/bin/credbroker-shim")).expect("read shim");
-    for (dir, delivery) in OVERLAYS {
-        let objects = render(dir);
+    for (dir, delivery, objects) in overlays() {
         let scratch = tempdir();
         let path = shim_as_the_manager_sees_it(&objects, delivery, scratch.path());
         let meta = path.metadata().unwrap_or_else(|e| {
@@ -1567,7 +1814,8 @@ fn rendered_config_serves_probe_and_example_cluster_in_an_empty_root() {
 
 /// An overlay with the metrics component (the image-volume overlay plus the component).
 const METRICS_EXAMPLE: &str = "deploy/examples/metrics";
-const METRICS_COMPONENT: &str = "deploy/kueue/components/credbroker-metrics";
+/// The metrics example's own broker config (a component of the example's, listed last).
+const METRICS_EXAMPLE_CONFIG: &str = "deploy/examples/metrics/credbroker-config/credbroker.yaml";
 const NETWORK_POLICY_EXAMPLE: &str = "deploy/examples/network-policy";
 
 /// Whether every `key: value` of `selector` is among `labels`.
@@ -1579,9 +1827,9 @@ fn selects(selector: &Value, labels: &Value) -> bool {
 #[test]
 fn metrics_component_exposes_the_port_the_config_listens_on() {
     // Metrics stay off in the shipped overlays.
-    for (dir, _) in OVERLAYS {
+    for (dir, _, objects) in overlays() {
         assert!(
-            broker_config(&render(dir))["metrics"].is_null(),
+            broker_config(&objects)["metrics"].is_null(),
             "{dir}: metrics are opt-in (the component)"
         );
     }
@@ -1605,13 +1853,17 @@ fn metrics_component_exposes_the_port_the_config_listens_on() {
         .remove("metrics");
     assert_eq!(
         without_metrics, base,
-        "{METRICS_COMPONENT}/credbroker.yaml must be the sidecar component's credbroker.yaml plus `metrics`"
+        "{METRICS_EXAMPLE_CONFIG} must be the sidecar component's credbroker.yaml plus `metrics`"
     );
     let configs: Vec<_> = all(&objects, "ConfigMap")
         .into_iter()
         .filter(|c| str_of(&c["metadata"]["name"], "name").starts_with("credbroker-config"))
         .collect();
-    assert_eq!(configs.len(), 1, "the component replaces the config");
+    assert_eq!(
+        configs.len(),
+        1,
+        "the example's config replaces the sidecar's"
+    );
     let tmp = tempdir();
     let file = tmp.path().join("config.yaml");
     std::fs::write(&file, broker_config_text(&objects)).expect("write config");
@@ -1652,6 +1904,82 @@ fn metrics_component_exposes_the_port_the_config_listens_on() {
     assert_eq!(endpoint["path"], "/metrics", "{monitor}");
     let rule = find(&objects, "PrometheusRule", "credbroker");
     assert_eq!(rule["metadata"]["namespace"], NAMESPACE);
+
+    // Over Kueue's real manifests, the PodMonitor reaches the broker and nothing else.
+    for version in KUEUE_VERSIONS {
+        let objects = render_over(METRICS_EXAMPLE, version);
+        let monitor = find(&objects, "PodMonitor", "credbroker");
+        let targets = pod_monitor_targets(pod_spec(&objects), monitor);
+        assert_eq!(
+            targets,
+            [(SIDECAR.to_owned(), port)],
+            "over Kueue {version}, the PodMonitor must scrape the broker's port only \
+             (Kueue's manager serves HTTPS metrics on a port named `metrics`)"
+        );
+    }
+}
+
+/// The (container, port) pairs a PodMonitor's endpoints scrape in `pod`, as Prometheus'
+/// pod discovery makes them: one target per declared container port (init containers
+/// included) whose name is the endpoint's `port`, kept or dropped by `keep` relabelings on
+/// the container name.
+fn pod_monitor_targets(pod: &Value, monitor: &Value) -> Vec<(String, u64)> {
+    let mut targets = Vec::new();
+    for endpoint in list(
+        &monitor["spec"]["podMetricsEndpoints"],
+        "podMetricsEndpoints",
+    ) {
+        let want = str_of(&endpoint["port"], "podMetricsEndpoints[].port");
+        for kind in ["initContainers", "containers"] {
+            for c in pod[kind].as_array().into_iter().flatten() {
+                let container = str_of(&c["name"], "container name");
+                let kept = endpoint["relabelings"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|r| r["action"] == "keep")
+                    .all(|r| {
+                        assert_eq!(
+                            strings(&r["sourceLabels"], "sourceLabels"),
+                            ["__meta_kubernetes_pod_container_name"],
+                            "a keep relabeling this check does not model: {r}"
+                        );
+                        r["regex"] == container
+                    });
+                for p in c["ports"].as_array().into_iter().flatten() {
+                    if p["name"] == want && kept {
+                        let number = p["containerPort"].as_u64().expect("containerPort");
+                        targets.push((container.to_owned(), number));
+                    }
+                }
+            }
+        }
+    }
+    targets
+}
+
+#[test]
+fn pod_monitor_targets_model_the_port_name_collision() {
+    let pod = json!({
+        "initContainers": [{"name": "credbroker", "ports": [{"name": "metrics", "containerPort": 9090}]}],
+        "containers": [{"name": "manager", "ports": [{"name": "metrics", "containerPort": 8443}]}],
+    });
+    let by_name = json!({"spec": {"podMetricsEndpoints": [{"port": "metrics"}]}});
+    assert_eq!(
+        pod_monitor_targets(&pod, &by_name),
+        [
+            ("credbroker".to_owned(), 9090),
+            ("manager".to_owned(), 8443)
+        ],
+        "issue 23.1: a shared port name scrapes Kueue's HTTPS port too"
+    );
+    let kept = json!({"spec": {"podMetricsEndpoints": [{"port": "metrics", "relabelings": [
+        {"sourceLabels": ["__meta_kubernetes_pod_container_name"], "regex": "credbroker", "action": "keep"}
+    ]}]}});
+    assert_eq!(
+        pod_monitor_targets(&pod, &kept),
+        [("credbroker".to_owned(), 9090)]
+    );
 }
 
 /// `credbroker_*` metric names and `label="value"` / `label!="value"` matchers in a PromQL

@@ -23,14 +23,16 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use credbroker_tests::doc_blocks::{Block, blocks_of, doc_files, extract, repo_root};
+use credbroker_tests::kueue;
 use credbroker_tests::{BROKER, COMMAND_TIMEOUT, SHIM, bin, describe, require_tool, run, tempdir};
 use serde_json::Value;
 
 /// Where the shipped Kueue configuration lives: the names and paths docs must agree with.
 const SHIPPED_KUEUE_CONFIG: &str =
     "deploy/kueue/components/kueue-config/controller_manager_config.yaml";
-/// The overlay a `kustomize-patch` block is applied on top of (it includes the stand-in
-/// Kueue, deploy/kueue/kueue-install, and the credbroker sidecar the patches edit).
+/// The overlay a `kustomize-patch` block is applied on top of (Kueue's release manifest,
+/// deploy/kueue/kueue-install, rendered here from Kueue's own config/default of that version,
+/// and the credbroker sidecar the patches edit).
 const PATCH_BASE: &str = "deploy/kueue/image-volume";
 /// The shim's path in the image layout (`/plugins/bin`, where both shim deliveries put it).
 const SHIM_PATH: &str = "/plugins/bin/credbroker-shim";
@@ -85,6 +87,54 @@ fn every_doc_block_has_a_kind_and_passes_its_check() {
 fn the_shipped_kueue_config_passes_the_kueue_rules() {
     let text = std::fs::read_to_string(repo_root().join(SHIPPED_KUEUE_CONFIG)).unwrap();
     check_kueue_config(&text).unwrap();
+}
+
+/// README and docs/deploy.md state the versions the real-cluster suite runs: e2e/peers.sh's.
+#[test]
+fn verified_versions_are_the_ones_the_real_cluster_suite_runs() {
+    let peers = std::fs::read_to_string(repo_root().join("e2e/peers.sh")).expect("e2e/peers.sh");
+    let value = |key: &str| -> String {
+        peers
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .and_then(|v| v.split_whitespace().next())
+            .unwrap_or_else(|| panic!("e2e/peers.sh sets no {key}"))
+            .trim_matches('"')
+            .to_owned()
+    };
+    let mut versions = vec![
+        value("KUBE_VERSION"),
+        value("ETCD_VERSION"),
+        value("CIA_VERSION"),
+    ];
+    let kueue_versions = peers
+        .lines()
+        .find_map(|l| l.strip_prefix("KUEUE_VERSIONS=\""))
+        .and_then(|v| v.split('"').next())
+        .expect("e2e/peers.sh sets KUEUE_VERSIONS");
+    versions.extend(kueue_versions.split_whitespace().map(str::to_owned));
+    assert_eq!(
+        kueue_versions.split_whitespace().collect::<Vec<_>>(),
+        kueue::KUEUE_VERSIONS,
+        "tests/src/kueue.rs renders over the Kueue versions e2e/ runs"
+    );
+    for (file, heading) in [
+        ("README.md", "**Verified with**"),
+        ("docs/deploy.md", "## Verified with"),
+        ("docs/deploy.md", "## Requirements"),
+    ] {
+        let text = std::fs::read_to_string(repo_root().join(file)).expect("read");
+        let at = text
+            .find(heading)
+            .unwrap_or_else(|| panic!("{file} has no {heading:?}"));
+        let section: String = text[at..].lines().take(30).collect::<Vec<_>>().join("\n");
+        for v in &versions {
+            assert!(
+                section.contains(v.as_str()),
+                "{file}, {heading}: {v} (from e2e/peers.sh) is not stated"
+            );
+        }
+    }
 }
 
 #[test]
@@ -376,7 +426,7 @@ fn check_kustomize_patch(patch: &str) -> Result<(), String> {
     );
     let dir = tempdir();
     std::fs::write(dir.path().join("patch.yaml"), patch).expect("write the patch");
-    let base = repo_root().join(PATCH_BASE);
+    let base = deploy_tree().join(PATCH_BASE);
     std::fs::write(
         dir.path().join("kustomization.yaml"),
         format!(
@@ -416,6 +466,15 @@ fn check_kustomize_patch(patch: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The copy of `deploy/` over Kueue's real manifests at the shipped version, once per process.
+fn deploy_tree() -> &'static Path {
+    static TREE: OnceLock<std::path::PathBuf> = OnceLock::new();
+    TREE.get_or_init(|| {
+        let at = Path::new(env!("CARGO_TARGET_TMPDIR")).join("docs-deploy-over-kueue");
+        kueue::deploy_over_kueue(&repo_root(), &at, kueue::SHIPPED_KUEUE_VERSION)
+    })
+}
+
 /// `to` as a path relative to `from` (kustomize refuses absolute resource paths).
 fn relative_to(from: &Path, to: &Path) -> String {
     // `..` is resolved on the real path, so count the real path's components.
@@ -448,7 +507,8 @@ fn check_pod_spec(spec: &Value) -> Result<(), String> {
             if c["image"].as_str().is_none_or(str::is_empty) {
                 errors.push(format!("rendered {list}[{name}] has no image"));
             }
-            for m in c["volumeMounts"].as_array().into_iter().flatten() {
+            let mounts: Vec<&Value> = c["volumeMounts"].as_array().into_iter().flatten().collect();
+            for m in &mounts {
                 let v = m["name"].as_str().unwrap_or("?");
                 if !volumes.contains(v) {
                     errors.push(format!(
@@ -456,6 +516,7 @@ fn check_pod_spec(spec: &Value) -> Result<(), String> {
                     ));
                 }
             }
+            errors.extend(nested_in_read_only(spec, list, name, &mounts));
         }
     }
     if errors.is_empty() {
@@ -463,6 +524,49 @@ fn check_pod_spec(spec: &Value) -> Result<(), String> {
     } else {
         Err(errors.join("; "))
     }
+}
+
+/// Mounts inside another mount of the same container whose volume is read-only (a ConfigMap,
+/// Secret, projected or image volume, or `readOnly: true`): the runtime must create the inner
+/// mount point inside a read-only filesystem, which fails at container start.
+fn nested_in_read_only(
+    spec: &Value,
+    list: &str,
+    container: &str,
+    mounts: &[&Value],
+) -> Vec<String> {
+    let read_only = |m: &Value| {
+        let volume = spec["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == m["name"]);
+        m["readOnly"] == true
+            || volume.is_some_and(|v| {
+                ["configMap", "secret", "projected", "image", "downwardAPI"]
+                    .iter()
+                    .any(|kind| !v[*kind].is_null())
+            })
+    };
+    let mut errors = Vec::new();
+    for outer in mounts.iter().filter(|m| read_only(m)) {
+        let Some(at) = outer["mountPath"].as_str() else {
+            continue;
+        };
+        for inner in mounts {
+            let Some(path) = inner["mountPath"].as_str() else {
+                continue;
+            };
+            if path.starts_with(&format!("{}/", at.trim_end_matches('/'))) {
+                errors.push(format!(
+                    "rendered {list}[{container}] mounts {} at {path}, inside its read-only mount \
+                     of {} at {at}: the mount point cannot be created there; mount it elsewhere",
+                    inner["name"], outer["name"]
+                ));
+            }
+        }
+    }
+    errors
 }
 
 /// An exec user as credbroker's docs write them: the shim, with cluster info, never interactive.
@@ -549,6 +653,27 @@ fn check_kubeconfig(text: &str) -> Result<(), String> {
             ));
         }
         errors.extend(check_extensions(&c["cluster"]["extensions"], &at));
+    }
+    if errors.is_empty() && !doc["apiVersion"].is_null() {
+        // A whole kubeconfig must load as pasted (a `…` in certificate-authority-data is
+        // "illegal base64 data" to client-go).
+        let kubectl = require_tool("kubectl", "install kubectl (it loads kubeconfig blocks)");
+        let dir = tempdir();
+        let file = dir.path().join("kubeconfig");
+        std::fs::write(&file, text).expect("write the kubeconfig");
+        let out = run(
+            Command::new(kubectl)
+                .env_remove("KUBECONFIG")
+                .args(["config", "view", "--kubeconfig"])
+                .arg(&file),
+            COMMAND_TIMEOUT,
+        );
+        if !out.status.success() {
+            errors.push(format!(
+                "`kubectl config view` cannot load it: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
     }
     if errors.is_empty() {
         Ok(())
@@ -895,6 +1020,13 @@ spec:
         "```yaml kustomize-patch\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: nope, namespace: kueue-system}\nspec: {replicas: 2}\n```\n",
         "cannot apply it",
     );
+    // Issue 23.5: cross-cloud.md mounted GCP credentials inside the config's ConfigMap mount.
+    assert_fails(
+        &patch
+            .replace("CONTAINERS", "initContainers")
+            .replace("/extra", "/etc/credbroker/gcp"),
+        "inside its read-only mount of \"credbroker-config\" at /etc/credbroker",
+    );
 }
 
 #[test]
@@ -941,6 +1073,19 @@ clusters:
         "interactiveMode",
     );
     assert_fails(&kubeconfig.replace("https://dev", "http://dev"), "https");
+    // A whole kubeconfig must load: README's placeholder CA data once failed as pasted.
+    let whole = kubeconfig.replace(
+        "```yaml kubeconfig\n",
+        "```yaml kubeconfig\napiVersion: v1\nkind: Config\n",
+    );
+    assert_passes(&whole);
+    assert_fails(
+        &whole.replace(
+            "{server: https://dev.example.com}",
+            "{server: https://dev.example.com, certificate-authority-data: …}",
+        ),
+        "illegal base64",
+    );
     let profile = "```yaml k8s
 apiVersion: multicluster.x-k8s.io/v1alpha1
 kind: ClusterProfile

@@ -19,6 +19,10 @@ use serde_json::{Value, json};
 const NAMESPACE: &str = "kueue-system";
 /// The broker's own credential for the (fake) hub API server.
 const HUB_TOKEN: &str = "hub-token-for-the-broker";
+/// The label every credential Secret of these tests carries, and the provider's required
+/// `labelSelector` for it.
+const LABEL: (&str, &str) = ("credbroker.dev/credential", "true");
+const SELECTOR: &str = "credbroker.dev/credential=true";
 /// Bound on waiting for a change to travel through the watch.
 const WATCH_WAIT: Duration = Duration::from_secs(15);
 
@@ -44,11 +48,14 @@ fn hub_allowing(api: FakeKubeApi, extra: &str, allow: &str, env: &[(&str, &str)]
     let dir = tempdir();
     let kubeconfig: PathBuf = dir.path().join("hub.kubeconfig");
     api.write_kubeconfig(&kubeconfig, HUB_TOKEN);
-    let extra = if extra.is_empty() {
+    let mut extra = if extra.is_empty() {
         String::new()
     } else {
         format!(", {extra}")
     };
+    if !extra.contains("labelSelector") {
+        extra.push_str(&format!(", labelSelector: {SELECTOR}"));
+    }
     let provider = format!(
         "  - name: secrets\n    type: kubernetesSecret\n    allowOverrides: {allow}\n    kubernetesSecret: {{namespace: {NAMESPACE}, kubeconfig: {}{extra}}}\n",
         yaml_str(kubeconfig.to_str().expect("UTF-8 path"))
@@ -188,11 +195,85 @@ fn token_format_and_rotation_through_the_watch() {
     assert!(hub.ready());
 }
 
+/// Item 2 of issue 23: a Secret of the watched namespace that the selector does not select
+/// (here Kueue's webhook certificate, which lives in kueue-system) never reaches the broker:
+/// every list and watch carries the selector, so the API server never sends it, changes to it
+/// never arrive, and asking for it by name is NOT_FOUND. The broker cannot hold what it was
+/// never sent; the fake records every Secret it sent.
+#[test]
+fn an_unrelated_secret_in_the_namespace_is_never_listed_watched_or_held() {
+    let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
+    let webhook = "kueue-webhook-server-cert";
+    api.put_secret(
+        webhook,
+        &[("app.kubernetes.io/name", "kueue")],
+        &[
+            ("token", b"not-a-worker-token"),
+            ("tls.key", b"webhook-private-key"),
+        ],
+    );
+    api.put_secret("alpha", &[LABEL], &[("token", b"tok-alpha-1")]);
+    let hub = hub_with(api, "");
+    assert_eq!(hub.token("alpha"), "tok-alpha-1");
+
+    // Changes while the watch runs: the credential's arrives, the webhook Secret's does not.
+    hub.api.put_secret(
+        webhook,
+        &[("app.kubernetes.io/name", "kueue")],
+        &[("token", b"not-a-worker-token-2")],
+    );
+    hub.api
+        .put_secret("alpha", &[LABEL], &[("token", b"tok-alpha-2")]);
+    hub.wait_for_token("alpha", "tok-alpha-2");
+    assert_shim_error(
+        &hub.shim(json!({"clusterName": webhook})),
+        &[
+            "NOT_FOUND",
+            &format!(
+                "Secret kueue-system/{webhook} does not exist or does not match labelSelector"
+            ),
+        ],
+    );
+
+    assert_requests_are_right(&hub.api, Some(SELECTOR));
+    assert_eq!(
+        hub.api.sent_names().into_iter().collect::<Vec<_>>(),
+        ["alpha"],
+        "the API server sent the broker only the selected Secret"
+    );
+    assert!(!hub.broker.logs().contains("not-a-worker-token"));
+}
+
+/// A provider without a labelSelector would hold every Secret of the namespace: refused at
+/// start and by check-config, naming the key and why.
+#[test]
+fn a_provider_without_a_label_selector_is_refused() {
+    let dir = tempdir();
+    let file = dir.path().join("credbroker.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "providers:\n  - name: secrets\n    type: kubernetesSecret\n    kubernetesSecret: {{namespace: {NAMESPACE}}}\n"
+        ),
+    )
+    .expect("write config");
+    let out = credbroker_tests::run_broker_cli(&["check-config".as_ref(), file.as_os_str()]);
+    assert!(!out.status.success(), "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "providers[0].kubernetesSecret.labelSelector: required",
+        "never the rest of namespace \"kueue-system\"",
+        "labelSelector: credbroker.dev/credential=true",
+    ] {
+        assert!(stderr.contains(want), "{want:?} in {stderr}");
+    }
+}
+
 #[test]
 fn ocm_names_deletion_and_missing_key() {
     let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
-    api.put_secret("alpha-kueue", &[], &[("token", b"tok-alpha-msa")]);
-    api.put_secret("beta-kueue", &[], &[("ca.crt", b"not a token")]);
+    api.put_secret("alpha-kueue", &[LABEL], &[("token", b"tok-alpha-msa")]);
+    api.put_secret("beta-kueue", &[LABEL], &[("ca.crt", b"not a token")]);
     let hub = hub_with(
         api,
         r#"nameTemplate: "{clusterName}-{msaName}", templateDefaults: {msaName: kueue}"#,
@@ -231,7 +312,7 @@ fn ocm_names_deletion_and_missing_key() {
         ],
     );
     assert_eq!(hub.api.count(KubeCall::List), 1);
-    assert_requests_are_right(&hub.api, None);
+    assert_requests_are_right(&hub.api, Some(SELECTOR));
 }
 
 fn kubeconfig_secret(user: Value) -> Vec<u8> {
@@ -266,7 +347,7 @@ fn kubeconfig_format_with_a_token_and_with_a_client_certificate() {
     let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
     api.put_secret(
         "tokened",
-        &[],
+        &[LABEL],
         &[(
             "kubeconfig",
             &kubeconfig_secret(json!({"token": "tok-admin"})),
@@ -274,7 +355,7 @@ fn kubeconfig_format_with_a_token_and_with_a_client_certificate() {
     );
     api.put_secret(
         "certified",
-        &[],
+        &[LABEL],
         &[(
             "kubeconfig",
             &kubeconfig_secret(json!({
@@ -285,13 +366,17 @@ fn kubeconfig_format_with_a_token_and_with_a_client_certificate() {
     );
     api.put_secret(
         "plugged",
-        &[],
+        &[LABEL],
         &[(
             "kubeconfig",
             &kubeconfig_secret(json!({"exec": {"apiVersion": V1, "command": "/bin/aws"}})),
         )],
     );
-    api.put_secret("broken", &[], &[("kubeconfig", b"users: [ {token: nope")]);
+    api.put_secret(
+        "broken",
+        &[LABEL],
+        &[("kubeconfig", b"users: [ {token: nope")],
+    );
     let hub = hub_allowing(
         api,
         "format: kubeconfig, key: kubeconfig",
@@ -340,8 +425,8 @@ fn kubeconfig_format_with_a_token_and_with_a_client_certificate() {
 #[test]
 fn api_server_restart_serves_the_store_and_the_watch_resumes() {
     let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
-    api.put_secret("alpha", &[], &[("token", b"tok-alpha-1")]);
-    api.put_secret("beta", &[], &[("token", b"tok-beta-1")]);
+    api.put_secret("alpha", &[LABEL], &[("token", b"tok-alpha-1")]);
+    api.put_secret("beta", &[LABEL], &[("token", b"tok-beta-1")]);
     let hub = hub_with(api, "");
     assert_eq!(hub.token("alpha"), "tok-alpha-1");
     hub.wait_ready(true);
@@ -361,12 +446,12 @@ fn api_server_restart_serves_the_store_and_the_watch_resumes() {
     hub.api.restart();
     hub.wait_ready(true);
     hub.api
-        .put_secret("alpha", &[], &[("token", b"tok-alpha-2")]);
+        .put_secret("alpha", &[LABEL], &[("token", b"tok-alpha-2")]);
     hub.wait_for_token("alpha", "tok-alpha-2");
     // The watch resumed from its resourceVersion: still the one list.
     assert_eq!(hub.api.count(KubeCall::List), 1, "{:?}", hub.api.requests());
     assert!(hub.api.count(KubeCall::Watch) >= 2);
-    assert_requests_are_right(&hub.api, None);
+    assert_requests_are_right(&hub.api, Some(SELECTOR));
     let logs = hub.broker.logs();
     assert!(
         !logs.contains("tok-alpha"),
@@ -377,7 +462,7 @@ fn api_server_restart_serves_the_store_and_the_watch_resumes() {
 /// A broker whose `secrets` provider has no `kubeconfig` key, with `env`.
 fn broker_without_kubeconfig_key(env: &[(&str, &str)]) -> Broker {
     let provider = format!(
-        "  - name: secrets\n    type: kubernetesSecret\n    kubernetesSecret: {{namespace: {NAMESPACE}}}\n"
+        "  - name: secrets\n    type: kubernetesSecret\n    kubernetesSecret: {{namespace: {NAMESPACE}, labelSelector: {SELECTOR}}}\n"
     );
     Broker::start_with(&config_yaml(&[provider]), &[], env)
 }
@@ -388,7 +473,7 @@ fn broker_without_kubeconfig_key(env: &[(&str, &str)]) -> Broker {
 #[test]
 fn api_client_from_the_key_then_kubeconfig_env_then_in_cluster() {
     let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
-    api.put_secret("alpha", &[], &[("token", b"tok-alpha")]);
+    api.put_secret("alpha", &[LABEL], &[("token", b"tok-alpha")]);
     let dir = tempdir();
     let kubeconfig = dir.path().join("hub.kubeconfig");
     api.write_kubeconfig(&kubeconfig, HUB_TOKEN);
@@ -428,7 +513,7 @@ fn api_client_from_the_key_then_kubeconfig_env_then_in_cluster() {
 
     // The key wins over KUBECONFIG.
     let provider = format!(
-        "  - name: secrets\n    type: kubernetesSecret\n    kubernetesSecret: {{namespace: {NAMESPACE}, kubeconfig: {}}}\n",
+        "  - name: secrets\n    type: kubernetesSecret\n    kubernetesSecret: {{namespace: {NAMESPACE}, labelSelector: {SELECTOR}, kubeconfig: {}}}\n",
         yaml_str(kubeconfig)
     );
     let broker = Broker::start_with(
@@ -485,8 +570,8 @@ fn wrong_hub_credential_is_unavailable_with_the_api_servers_answer() {
 #[test]
 fn kubectl_gets_each_clusters_token_from_its_secret() {
     let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
-    api.put_secret("alpha", &[], &[("token", b"tok-alpha-secret")]);
-    api.put_secret("beta", &[], &[("token", b"tok-beta-secret")]);
+    api.put_secret("alpha", &[LABEL], &[("token", b"tok-alpha-secret")]);
+    api.put_secret("beta", &[LABEL], &[("token", b"tok-beta-secret")]);
     let hub = hub_with(api, "");
     let alpha = FakeApiServer::start(&["tok-alpha-secret"]);
     let beta = FakeApiServer::start(&["tok-beta-secret"]);
@@ -531,11 +616,11 @@ fn kubectl_gets_each_clusters_token_from_its_secret() {
 #[test]
 fn trace_logs_hold_no_secret() {
     let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
-    api.put_secret("alpha", &[], &[("token", b"secret-trace-token-1")]);
+    api.put_secret("alpha", &[LABEL], &[("token", b"secret-trace-token-1")]);
     let hub = hub_env(api, "", &[("RUST_LOG", "trace")]);
     assert_eq!(hub.token("alpha"), "secret-trace-token-1");
     hub.api
-        .put_secret("alpha", &[], &[("token", b"secret-trace-token-2")]);
+        .put_secret("alpha", &[LABEL], &[("token", b"secret-trace-token-2")]);
     hub.wait_for_token("alpha", "secret-trace-token-2");
     let logs = hub.broker.logs();
     assert!(logs.lines().count() > 20, "trace logging is on:\n{logs}");
@@ -560,7 +645,7 @@ fn trace_logs_hold_no_secret() {
 fn https_proxy_and_no_proxy_from_the_environment() {
     let dead_proxy = "http://127.0.0.1:9";
     let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
-    api.put_secret("alpha", &[], &[("token", b"tok-through-no-proxy")]);
+    api.put_secret("alpha", &[LABEL], &[("token", b"tok-through-no-proxy")]);
     let bypassed = hub_env(
         api,
         "",
@@ -572,7 +657,7 @@ fn https_proxy_and_no_proxy_from_the_environment() {
     assert_eq!(bypassed.token("alpha"), "tok-through-no-proxy");
 
     let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
-    api.put_secret("alpha", &[], &[("token", b"tok-never-reached")]);
+    api.put_secret("alpha", &[LABEL], &[("token", b"tok-never-reached")]);
     let proxied = hub_env(api, "", &[("HTTPS_PROXY", dead_proxy), ("NO_PROXY", "")]);
     let out = proxied.shim(json!({"clusterName": "alpha"}));
     assert_shim_error(&out, &["UNAVAILABLE"]);

@@ -97,6 +97,17 @@ fn admin_service_over_grpcurl_shows_entries_without_secrets() {
         "",
         &[exec_provider("onprem", plugin.command(), "")],
     ));
+    // Before any call, nothing says the provider's identity works: "untested", not "ready".
+    let untested = json_out(&grpcurl(
+        broker.socket(),
+        &["-d", "{}"],
+        &["credbroker.v1.AdminService/ListProviders"],
+    ));
+    assert_eq!(untested["providers"][0]["state"], "untested", "{untested}");
+    assert!(
+        untested["providers"][0]["lastSuccess"].is_null(),
+        "{untested}"
+    );
     let token = assert_credential(&shim(&broker, "onprem", "alpha"), V1).token;
     assert_credential(&shim(&broker, "onprem", "alpha"), V1);
 
@@ -153,6 +164,7 @@ fn admin_service_over_grpcurl_shows_entries_without_secrets() {
     assert_eq!(providers["providers"][0]["name"], "onprem");
     assert_eq!(providers["providers"][0]["type"], "exec");
     assert_eq!(providers["providers"][0]["ready"], true);
+    assert_eq!(providers["providers"][0]["state"], "ready", "{providers}");
     assert!(
         providers["providers"][0]["lastSuccess"].is_string(),
         "{providers}"

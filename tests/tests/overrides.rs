@@ -25,10 +25,14 @@ fn hub() -> FakeKubeApi {
     let api = FakeKubeApi::start(NAMESPACE, HUB_TOKEN);
     api.put_secret(
         "w1-kueue",
-        &[],
+        &[("app", "kueue")],
         &[("token", b"tok-w1-kueue"), ("admin-token", b"tok-w1-admin")],
     );
-    api.put_secret("w1-payroll", &[], &[("token", b"tok-w1-payroll")]);
+    api.put_secret(
+        "w1-payroll",
+        &[("app", "kueue")],
+        &[("token", b"tok-w1-payroll")],
+    );
     api
 }
 
@@ -39,7 +43,7 @@ fn broker(api: &FakeKubeApi, dir: &tempfile::TempDir, allow: Option<&str>) -> Br
     api.write_kubeconfig(&kubeconfig, HUB_TOKEN);
     let allow = allow.map_or_else(String::new, |a| format!("    allowOverrides: {a}\n"));
     let provider = format!(
-        "  - name: secrets\n    type: kubernetesSecret\n{allow}    kubernetesSecret: {{namespace: {NAMESPACE}, kubeconfig: {}, nameTemplate: \"{{clusterName}}-{{team}}\", templateDefaults: {{team: kueue}}}}\n",
+        "  - name: secrets\n    type: kubernetesSecret\n{allow}    kubernetesSecret: {{namespace: {NAMESPACE}, labelSelector: app=kueue, kubeconfig: {}, nameTemplate: \"{{clusterName}}-{{team}}\", templateDefaults: {{team: kueue}}}}\n",
         yaml_str(kubeconfig.to_str().expect("UTF-8 path"))
     );
     Broker::start_with(&config_yaml(&[provider]), &[], &[("RUST_LOG", "info")])

@@ -2,7 +2,8 @@
 //! `list` and `watch` (`?watch=1|true`, newline-delimited WatchEvents replayed from the
 //! requested `resourceVersion`, BOOKMARKs only when `allowWatchBookmarks` asks), label
 //! selectors, bearer-token check. Every request is recorded, so tests can count lists and
-//! check paths, selectors and the Authorization header. It can be stopped (every
+//! check paths, selectors and the Authorization header, and so is the name of every Secret
+//! it sends, so tests can show a Secret never reached the client. It can be stopped (every
 //! connection dropped) and started again on the same port, like an API server restart.
 //!
 //! It shares the other fakes' CA ([`tls_config`](super::tls_config)) but not
@@ -14,7 +15,7 @@
 //! exact count of list calls, the selector and path of every request, a stop that drops every
 //! connection mid-watch and a start on the same port, all inside a plain `cargo test`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -68,6 +69,8 @@ struct Shared {
     data: Mutex<Data>,
     changed: tokio::sync::broadcast::Sender<()>,
     requests: Mutex<Vec<KubeRequest>>,
+    /// The name of every Secret sent to a client, in a list or a watch event.
+    sent: Mutex<BTreeSet<String>>,
 }
 
 /// The fake API server; stops on drop.
@@ -98,6 +101,7 @@ impl FakeKubeApi {
             data: Mutex::new(Data::default()),
             changed,
             requests: Mutex::new(Vec::new()),
+            sent: Mutex::new(BTreeSet::new()),
         });
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind(SocketAddr::from((
@@ -260,6 +264,12 @@ impl FakeKubeApi {
         self.shared.requests.lock().expect("lock").clone()
     }
 
+    /// The names of the Secrets this server ever sent a client (list items and watch
+    /// events; bookmarks carry no Secret): what a client can have held.
+    pub fn sent_names(&self) -> BTreeSet<String> {
+        self.shared.sent.lock().expect("lock").clone()
+    }
+
     /// How many list / watch requests were answered.
     pub fn count(&self, call: KubeCall) -> usize {
         self.requests().iter().filter(|r| r.call == call).count()
@@ -346,6 +356,11 @@ fn list(shared: &Shared, selector: &str) -> Response<Body> {
         .values()
         .filter(|s| matches_selector(s, selector))
         .collect();
+    shared.sent.lock().expect("lock").extend(
+        items
+            .iter()
+            .filter_map(|s| s["metadata"]["name"].as_str().map(str::to_owned)),
+    );
     full(
         200,
         &json!({"kind": "SecretList", "apiVersion": "v1",
@@ -389,6 +404,9 @@ fn watch(shared: &Arc<Shared>, query: &BTreeMap<String, String>, selector: &str)
         let mut first = true;
         loop {
             for (rv, kind, object) in pending(sent) {
+                if let Some(name) = object["metadata"]["name"].as_str() {
+                    shared.sent.lock().expect("lock").insert(name.to_owned());
+                }
                 if tx.send(line(kind, &object)).await.is_err() {
                     return;
                 }

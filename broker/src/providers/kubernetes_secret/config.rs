@@ -48,6 +48,37 @@ const PLACEHOLDER_SELECTS: &str = "part of the name of the Secret that is read";
 /// Secret outside it.
 pub const LOCATING_KEYS: &[&str] = &["clusterName", "namespace"];
 
+/// The label selector the docs and error messages suggest: a label of credbroker's own, set on
+/// the Secrets that hold worker credentials.
+pub const EXAMPLE_LABEL_SELECTOR: &str = "credbroker.dev/credential=true";
+
+/// Whether a label selector has at least one requirement a Secret meets only by carrying a
+/// label (`key=value`, `key==value`, `key in (...)`, `key`), rather than only ones an
+/// unlabelled Secret meets too (`!key`, `key!=value`, `key notin (...)`). Requirements are
+/// separated by commas outside parentheses (the API server's selector syntax).
+fn selects_by_presence(selector: &str) -> bool {
+    let mut requirements = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (i, c) in selector.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                requirements.push(&selector[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    requirements.push(&selector[start..]);
+    requirements.iter().map(|r| r.trim()).any(|r| {
+        !r.is_empty()
+            && !r.starts_with('!')
+            && !r.contains("!=")
+            && !r.split_whitespace().any(|word| word == "notin")
+    })
+}
+
 /// Credentials kept in Secrets of one namespace of the cluster the broker runs in (or the
 /// one a development kubeconfig points at), one Secret per worker cluster.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -73,7 +104,10 @@ pub struct Config {
     /// current-context); a cluster's exec config key `context` overrides it.
     #[serde(default)]
     pub context: Option<String>,
-    /// Only Secrets matching this label selector are watched (and served).
+    /// Only Secrets matching this label selector are listed, watched, held and served.
+    /// Required (checked by [`Config::validate`], so the error names the key): without it
+    /// the broker would hold every Secret of the namespace in memory, Kueue's webhook key
+    /// among them when the namespace is `kueue-system`.
     #[serde(default)]
     pub label_selector: Option<String>,
     /// A kubeconfig file for reaching the API server during development; unset means the
@@ -206,13 +240,38 @@ impl Config {
         if self.context.as_deref() == Some("") {
             return Err(("context".into(), "must not be empty".into()));
         }
-        if let Some(selector) = &self.label_selector
-            && selector.trim().is_empty()
-        {
-            return Err((
-                "labelSelector".into(),
-                "must not be empty; leave it out to watch every Secret of the namespace".into(),
-            ));
+        match self.label_selector.as_deref().map(str::trim) {
+            None => {
+                return Err((
+                    "labelSelector".into(),
+                    format!(
+                        "required: the provider lists, watches and holds only the Secrets this \
+                         selects, never the rest of namespace {:?} (in kueue-system, Kueue's \
+                         own webhook key); label the Secrets that hold worker credentials and \
+                         select them, e.g. labelSelector: {EXAMPLE_LABEL_SELECTOR}",
+                        self.namespace
+                    ),
+                ));
+            }
+            Some("") => {
+                return Err((
+                    "labelSelector".into(),
+                    format!("must not be empty, e.g. {EXAMPLE_LABEL_SELECTOR}"),
+                ));
+            }
+            Some(selector) if !selects_by_presence(selector) => {
+                return Err((
+                    "labelSelector".into(),
+                    format!(
+                        "{selector:?} has only requirements a Secret meets by lacking a label \
+                         (!key, key!=value, key notin (...)), so it matches every unlabelled \
+                         Secret of the namespace; add one the credential Secrets meet by \
+                         carrying a label (key=value, key in (...), or key), e.g. \
+                         {EXAMPLE_LABEL_SELECTOR}"
+                    ),
+                ));
+            }
+            Some(_) => {}
         }
         if let Some(path) = &self.kubeconfig
             && !path.is_absolute()
@@ -236,7 +295,9 @@ mod tests {
 
     const HOUR: Duration = Duration::from_secs(3600);
 
+    /// `yaml_section` with the required labelSelector added.
     fn config(yaml_section: &str) -> Config {
+        let yaml_section = yaml_section.replacen('{', "{labelSelector: a=b, ", 1);
         let text = format!(
             "providers:\n  - name: s\n    type: kubernetesSecret\n    kubernetesSecret: {yaml_section}\n"
         );
@@ -252,6 +313,25 @@ mod tests {
     }
 
     #[test]
+    fn a_selector_must_select_by_a_label_a_secret_carries() {
+        for (selector, narrow) in [
+            ("app=kueue", true),
+            ("app==kueue", true),
+            ("credbroker.dev/credential", true),
+            ("tier in (a, b)", true),
+            ("!app, env=prod", true),
+            ("tier notin (a, b), app", true),
+            ("!app", false),
+            ("env!=prod", false),
+            ("tier notin (a,b)", false),
+            ("!a, b != c, d notin (x, y)", false),
+            (" , ", false),
+        ] {
+            assert_eq!(selects_by_presence(selector), narrow, "{selector:?}");
+        }
+    }
+
+    #[test]
     fn config_defaults_and_validation() {
         let c = config("{namespace: n}");
         assert_eq!(c.name_template, "{clusterName}");
@@ -259,6 +339,11 @@ mod tests {
         assert_eq!(c.format, SecretFormat::Token);
         assert_eq!(c.lifetime, ConfigDuration(HOUR));
         let err = |section: &str| {
+            let section = if section.contains("labelSelector") || section == "{}" {
+                section.to_owned()
+            } else {
+                section.replacen('{', "{labelSelector: a=b, ", 1)
+            };
             let text = format!(
                 "providers:\n  - name: s\n    type: kubernetesSecret\n    kubernetesSecret: {section}\n"
             );
@@ -295,7 +380,11 @@ mod tests {
             ),
             (
                 "{namespace: n, labelSelector: \" \"}",
-                "kubernetesSecret.labelSelector",
+                "kubernetesSecret.labelSelector: must not be empty",
+            ),
+            (
+                "{namespace: n, labelSelector: \"!app, tier notin (a, b), env!=prod\"}",
+                "kubernetesSecret.labelSelector: \"!app, tier notin (a, b), env!=prod\" has only requirements",
             ),
             ("{namespace: n, lifetime: 0s}", "kubernetesSecret.lifetime"),
             (
@@ -306,6 +395,16 @@ mod tests {
             let e = err(section);
             assert!(e.contains(want), "{section}: got {e:?}, want {want:?}");
         }
+        let text = "providers:\n  - {name: s, type: kubernetesSecret, kubernetesSecret: {namespace: kueue-system}}\n";
+        let e = BrokerConfig::parse(text, "t").unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "providers[0].kubernetesSecret.labelSelector: required: the provider lists, \
+                 watches and holds only the Secrets this selects, never the rest of namespace \
+                 \"kueue-system\""
+            ),
+            "{e}"
+        );
         let text = "providers:\n  - {name: s, type: kubernetesSecret}\n";
         let e = BrokerConfig::parse(text, "t").unwrap_err().to_string();
         assert!(

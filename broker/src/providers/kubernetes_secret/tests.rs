@@ -29,7 +29,13 @@ ANr3aFujKWOfizYOG2ic3n3yVd+YRW1Gp+O3Qm0WbxRx3hXHscGpINW8
 ";
 const HOUR: Duration = Duration::from_secs(3600);
 
+/// The section `yaml_section` (a flow mapping) with the required labelSelector added.
 fn config(yaml_section: &str) -> KubernetesSecretConfig {
+    let yaml_section = if yaml_section.contains("labelSelector") {
+        yaml_section.to_owned()
+    } else {
+        yaml_section.replacen('{', "{labelSelector: app=kueue, ", 1)
+    };
     let text = format!(
         "providers:\n  - name: s\n    type: kubernetesSecret\n    kubernetesSecret: {yaml_section}\n"
     );
@@ -440,7 +446,9 @@ async fn serves_from_the_store_and_sees_updates_and_deletes() {
     assert!(!f.provider.is_current_for(&r, &c2));
     assert_eq!(
         f.provider.fetch_for(&r).await.unwrap_err(),
-        ProviderError::NotFound("Secret n/a does not exist".into())
+        ProviderError::NotFound(
+            "Secret n/a does not exist or does not match labelSelector \"app=kueue\"".into()
+        )
     );
 }
 

@@ -266,7 +266,7 @@ fn gcp_exec_and_file_have_no_selector_keys() {
     }
 }
 
-const SECRETS: &str = "  - name: ocm\n    type: kubernetesSecret\n    kubernetesSecret: {namespace: kueue-system, nameTemplate: \"{clusterName}-{msaName}\", templateDefaults: {msaName: kueue}}\n";
+const SECRETS: &str = "  - name: ocm\n    type: kubernetesSecret\n    kubernetesSecret: {labelSelector: app=kueue, namespace: kueue-system, nameTemplate: \"{clusterName}-{msaName}\", templateDefaults: {msaName: kueue}}\n";
 
 #[test]
 fn kubernetes_secret_key_context_and_placeholders_are_refused_by_default() {
@@ -298,7 +298,7 @@ fn kubernetes_secret_key_context_and_placeholders_are_refused_by_default() {
     // context is read only with format: kubeconfig.
     allowed(&ocm, json!({"clusterName": "w1", "context": "admin"}));
     let kc = provider(
-        "  - name: kc\n    type: kubernetesSecret\n    kubernetesSecret: {namespace: ns, format: kubeconfig, key: kubeconfig}\n",
+        "  - name: kc\n    type: kubernetesSecret\n    kubernetesSecret: {labelSelector: app=kueue, namespace: ns, format: kubeconfig, key: kubeconfig}\n",
     );
     let e = refused(&kc, json!({"clusterName": "w1", "context": "admin"}));
     assert!(e.contains("sets context \"admin\""), "{e}");
@@ -308,7 +308,7 @@ fn kubernetes_secret_key_context_and_placeholders_are_refused_by_default() {
 #[test]
 fn kubernetes_secret_allow_overrides() {
     let ocm = provider(
-        "  - name: ocm\n    type: kubernetesSecret\n    allowOverrides: {msaName: [\"kueue-*\"], key: [token, ca.crt]}\n    kubernetesSecret: {namespace: kueue-system, nameTemplate: \"{clusterName}-{msaName}\"}\n",
+        "  - name: ocm\n    type: kubernetesSecret\n    allowOverrides: {msaName: [\"kueue-*\"], key: [token, ca.crt]}\n    kubernetesSecret: {labelSelector: app=kueue, namespace: kueue-system, nameTemplate: \"{clusterName}-{msaName}\"}\n",
     );
     allowed(
         &ocm,
@@ -359,11 +359,11 @@ fn allow_overrides_is_validated_by_check_config() {
             "the overridable keys are: tenantId, serverId",
         ),
         (
-            "  - {name: ocm, type: kubernetesSecret, kubernetesSecret: {namespace: ns}, allowOverrides: {context: [a]}}\n",
+            "  - {name: ocm, type: kubernetesSecret, kubernetesSecret: {labelSelector: app=kueue, namespace: ns}, allowOverrides: {context: [a]}}\n",
             "providers[0].allowOverrides.context: \"context\" is not a per-cluster key that provider type kubernetesSecret lets a cluster override (its keys are key, context with format: kubeconfig, and the nameTemplate's placeholders other than clusterName); the overridable keys are: key",
         ),
         (
-            "  - {name: ocm, type: kubernetesSecret, kubernetesSecret: {namespace: ns}, allowOverrides: {namespace: [a]}}\n",
+            "  - {name: ocm, type: kubernetesSecret, kubernetesSecret: {labelSelector: app=kueue, namespace: ns}, allowOverrides: {namespace: [a]}}\n",
             "namespace only locates the cluster",
         ),
         (
@@ -381,7 +381,7 @@ fn allow_overrides_is_validated_by_check_config() {
     }
     // Placeholders of the template are overridable keys; the slice's example parses.
     provider(
-        "  - {name: ocm, type: kubernetesSecret, kubernetesSecret: {namespace: ns, nameTemplate: \"{clusterName}-{team}\", format: kubeconfig}, allowOverrides: {team: [a], context: [b], key: [c]}}\n",
+        "  - {name: ocm, type: kubernetesSecret, kubernetesSecret: {labelSelector: app=kueue, namespace: ns, nameTemplate: \"{clusterName}-{team}\", format: kubeconfig}, allowOverrides: {team: [a], context: [b], key: [c]}}\n",
     );
     let eks = provider(
         "  - name: eks\n    type: aws\n    allowOverrides: {roleArn: [\"arn:aws:iam::123456789012:role/kueue-*\"]}\n    aws: {region: us-west-2}\n",
