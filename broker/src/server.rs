@@ -24,8 +24,9 @@ use crate::socket::{self, SocketError};
 use crate::token_service::TokenApi;
 use crate::wire::WireErrors;
 
-/// In-flight calls get this long to finish after SIGTERM: well inside Kubernetes' default
-/// 30 s termination grace period, and far longer than a cache hit takes.
+/// In-flight calls get this long to finish after SIGTERM: far longer than a cache hit takes.
+/// In Kueue's pod (`terminationGracePeriodSeconds: 10`, the sidecar signalled only after the
+/// manager exits) the kubelet may kill the broker sooner; by then its callers are gone.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Accepted connections waiting for the server: a Kueue restart opens a thousand at once,
 /// and the server takes them off this queue in microseconds.
