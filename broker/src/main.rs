@@ -146,14 +146,19 @@ fn run(command: Command) -> Result<(), String> {
                     .await
                     .map_err(|e| e.to_string())
             });
-            // Stopped: a blocking task still running (a reload reading a stalled file) must
-            // not keep the process alive after "credbroker stopped" (dropping the runtime
-            // would wait for it).
-            runtime.shutdown_background();
+            // Stopped: the tasks left are dropped (what they own, such as the socket file's
+            // guard, cleaned up), but a blocking task still running (a reload reading a
+            // stalled file) keeps the process at most this long after "credbroker stopped";
+            // dropping the runtime would wait for it for ever.
+            runtime.shutdown_timeout(EXIT_WAIT);
             served
         }
     }
 }
+
+/// How long the process waits, once stopped, for tasks still running (see `Serve`): long
+/// enough for a dropped task to clean up, short next to Kubernetes' grace period.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread()

@@ -205,7 +205,7 @@ pub async fn serve(
             health.set_service_status("", ServingStatus::NotServing).await;
             health.set_not_serving::<TokenServiceServer<TokenApi>>().await;
             health.set_not_serving::<AdminServiceServer<AdminApi>>().await;
-            keeper.stop();
+            keeper.stop().await;
             let _ = stop_tx.send(());
             match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
                 Ok(ended) => server_ended(ended),

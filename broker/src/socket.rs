@@ -259,7 +259,7 @@ mod tests {
             rx.recv().await.unwrap().is_ok(),
             "connections reach the server again"
         );
-        keeper.stop();
+        keeper.stop().await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!path.exists(), "stopping the keeper removes the socket");
     }
@@ -335,7 +335,7 @@ mod tests {
         assert_eq!(mode_of(&path), 0o640, "the keeper bound a new socket");
         assert_eq!(std::fs::symlink_metadata(&path).unwrap().ino(), before);
         assert!(!lost.load(std::sync::atomic::Ordering::SeqCst));
-        keeper.stop();
+        keeper.stop().await;
         tokio::task::yield_now().await;
         for _ in 0..100 {
             if !path.exists() {
@@ -458,9 +458,12 @@ impl SocketKeeper {
         Self { task }
     }
 
-    /// Stops accepting and removes the socket file (if it is still ours).
-    pub fn stop(self) {
-        // Aborting drops the task's guard, which removes the file.
+    /// Stops accepting and removes the socket file (if it is still ours), by the time it
+    /// returns: the process may exit right after, without the runtime running anything more.
+    pub async fn stop(self) {
+        // Aborting drops the task's guard, which removes the file; awaiting the aborted task
+        // waits for that drop.
         self.task.abort();
+        let _ = self.task.await;
     }
 }
