@@ -131,6 +131,30 @@ impl<'a> Bench<'a> {
         .collect()
     }
 
+    /// A broker for the hostile section: production's rate limit and socket rules (mode
+    /// 0666, `allowedUids` 0 and `allowed`), `eks-static`, and `shared`, an exec provider
+    /// whose plugin answers at once, except for clusters named `hang-*`: those hang until its
+    /// 5 s timeout.
+    pub fn start_hostile_broker(&self, allowed: u32) -> Broker {
+        let plugin = self.w().join("hang-plugin.sh");
+        std::fs::write(
+            &plugin,
+            "#!/bin/sh\ncase \"${KUBERNETES_EXEC_INFO:-}\" in *hang-*) exec sleep 60;; esac\nprintf '%s\\n' '{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{\"token\":\"bench-shared-token\"}}'\n",
+        )
+        .expect("hang plugin");
+        let providers = format!(
+            "  - {{name: shared, type: exec, exec: {{command: /bin/sh, args: [{:?}], timeout: 5s, defaultLifetime: 1h}}}}\n  - {{name: eks-static, type: aws, aws: {{region: {REGION}}}}}\n",
+            plugin.display().to_string()
+        );
+        Broker::start_with(
+            &self.broker_bin,
+            &format!(", mode: \"0666\", allowedUids: [0, {allowed}]"),
+            "",
+            &providers,
+            &self.cloud_env(),
+        )
+    }
+
     /// A broker with every provider (`hit`, `slow`, `eks`, `eks-static`, `gke`, `aks`).
     pub fn start_broker(&self, max_entries: u64) -> Broker {
         let providers = format!("{}{}", self.exec_providers(), self.cloud_providers());

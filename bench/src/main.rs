@@ -9,6 +9,7 @@
 //! ```
 
 mod anchors;
+mod attack;
 mod bench;
 mod fakes;
 mod load;
@@ -32,7 +33,7 @@ const USAGE: &str =
   --shim PATH       the shim to time (default: the size-optimised build in
                     target/x86_64-unknown-linux-gnu/shim/ if present, else DIR/credbroker-shim)
   --anchor-fleet N  clusters in the `aws eks get-token` fleet sample (default 100; 3 in --smoke)
-  --only LIST       comma-separated sections: exec,throughput,cold,memory,refresh,fleet,steady";
+  --only LIST       comma-separated sections: exec,throughput,cold,memory,refresh,fleet,steady,hostile";
 
 fn main() {
     let mut plan = Plan::full();
@@ -40,6 +41,18 @@ fn main() {
     let mut shim: Option<PathBuf> = None;
     let mut anchor_fleet: Option<usize> = None;
     let mut only = Vec::new();
+    // The hostile section's attackers: this binary again, under another uid.
+    let argv: Vec<String> = std::env::args().collect();
+    if let [_, flag, kind, socket, secs] = argv.as_slice()
+        && flag == "--attack"
+    {
+        attack::main(
+            kind,
+            std::path::Path::new(socket),
+            secs.parse().unwrap_or(5),
+        );
+        return;
+    }
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {

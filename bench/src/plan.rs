@@ -23,6 +23,11 @@ pub struct Plan {
     pub anchor_fleet: usize,
     pub steady: Duration,
     pub steady_life: Duration,
+    /// The hostile section: legitimate callers alone, beside the stream attackers (RSS
+    /// followed), then beside all four attackers.
+    pub hostile_unloaded: Duration,
+    pub hostile_streams: Duration,
+    pub hostile: Duration,
 }
 
 impl Plan {
@@ -43,6 +48,10 @@ impl Plan {
             anchor_fleet: 100,
             steady: Duration::from_secs(60),
             steady_life: Duration::from_secs(20),
+            // Five minutes: the bound on RSS under a stream flood is over that long.
+            hostile_unloaded: Duration::from_secs(30),
+            hostile_streams: Duration::from_secs(300),
+            hostile: Duration::from_secs(60),
         }
     }
 
@@ -63,6 +72,9 @@ impl Plan {
             anchor_fleet: 3,
             steady: Duration::from_secs(6),
             steady_life: Duration::from_secs(4),
+            hostile_unloaded: Duration::from_secs(3),
+            hostile_streams: Duration::from_secs(3),
+            hostile: Duration::from_secs(4),
         }
     }
 

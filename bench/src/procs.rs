@@ -31,15 +31,32 @@ impl Broker {
         max_entries: u64,
         env: &[(String, String)],
     ) -> Broker {
+        let top = format!("cache: {{maxEntries: {max_entries}}}\n{BENCH_RATE_LIMIT}\n");
+        Self::start_with(bin, "", &top, providers, env)
+    }
+
+    /// [`Broker::start`] with the config's own `socket` keys (`socket_extra`, after `path`)
+    /// and top-level sections (`top`, YAML lines before `providers:`). The socket's
+    /// directory is 0755, so callers under other uids can reach it.
+    pub fn start_with(
+        bin: &Path,
+        socket_extra: &str,
+        top: &str,
+        providers: &str,
+        env: &[(String, String)],
+    ) -> Broker {
+        use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::Builder::new()
             .prefix("credbroker-bench-")
             .tempdir()
             .expect("temp dir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the broker's dir");
         let socket = dir.path().join("broker.sock");
         let home = dir.path().join("home");
         std::fs::create_dir_all(&home).expect("home dir");
         let config = format!(
-            "socket: {{path: {:?}}}\ncache: {{maxEntries: {max_entries}}}\n{BENCH_RATE_LIMIT}\nproviders:\n{providers}",
+            "socket: {{path: {:?}{socket_extra}}}\n{top}providers:\n{providers}",
             socket.display().to_string()
         );
         let config_path = dir.path().join("credbroker.yaml");

@@ -6,6 +6,7 @@ use crate::bench::Bench;
 mod cold;
 mod exec;
 mod fleet;
+mod hostile;
 mod memory;
 mod refresh;
 mod steady;
@@ -15,7 +16,7 @@ mod throughput;
 pub type Scenario = fn(&mut Bench<'_>);
 
 /// Every section by its `--only` name, in report order.
-pub const ALL: [(&str, Scenario); 7] = [
+pub const ALL: [(&str, Scenario); 8] = [
     ("exec", exec::run),
     ("throughput", throughput::run),
     ("cold", cold::run),
@@ -23,4 +24,5 @@ pub const ALL: [(&str, Scenario); 7] = [
     ("refresh", refresh::run),
     ("fleet", fleet::run),
     ("steady", steady::run),
+    ("hostile", hostile::run),
 ];

@@ -1,0 +1,333 @@
+//! Section 8: the hostile phase. Legitimate callers (uid 0) alone; then for five minutes beside
+//! the stream attackers run as child processes under other uids: streams that never send a
+//! body from a refused uid (`stall`) and a flood of header-only streams from an allowed one
+//! (`flood`), the broker's RSS followed all along (goal ≤ +40 MiB); then beside all four,
+//! adding requests at every `limits.*` bound for new clusters (`oversize`) and misses whose
+//! plugin hangs (`hang`). Reports legitimate errors (goal 0), their hit latency against the
+//! unloaded phase of the same run (goal p99 ≤ 2×), and the new-cluster misses that share a
+//! provider with the hanging ones.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::bench::{Bench, progress, verdict};
+use crate::load;
+use crate::stats::{ms, percentile};
+
+/// Runs the attackers under their uids (util-linux; scripts/test.sh installs it).
+const SETPRIV: &str = "/usr/bin/setpriv";
+/// The attackers' uids: one `allowedUids` lists (nobody), one it does not.
+const ALLOWED_ATTACKER: u32 = 65534;
+const REFUSED_ATTACKER: u32 = 4242;
+/// Legitimate hit callers, each on a fresh connection (as the shim) every 25 ms: 160 calls/s,
+/// inside the default per-uid rate limit (200/s) the broker runs with here.
+const HIT_CALLERS: usize = 4;
+const HIT_EVERY: Duration = Duration::from_millis(25);
+/// A legitimate new-cluster miss this often, on the provider the hanging misses use.
+const MISS_EVERY: Duration = Duration::from_secs(1);
+/// A legitimate call slower than this counts as failed (the shim's default is 30 s; a hit
+/// that takes seconds is a failure for a controller).
+const CALL_DEADLINE: Duration = Duration::from_secs(5);
+/// A miss waits for a permit another uid's hanging miss holds: at most its 5 s timeout.
+const MISS_DEADLINE: Duration = Duration::from_secs(10);
+/// The bound on RSS growth under the stream flood.
+const RSS_GROWTH_GOAL_MIB: u64 = 40;
+
+#[derive(Debug, Default)]
+struct Phase {
+    hits: Vec<Duration>,
+    hit_errors: usize,
+    misses: Vec<Duration>,
+    miss_errors: usize,
+    first_error: Option<String>,
+    rss_max_kib: u64,
+    rss_end_kib: u64,
+}
+
+pub fn run(bench: &mut Bench<'_>) {
+    assert!(
+        Path::new(SETPRIV).is_file(),
+        "the hostile section runs its attackers under other uids with setpriv (apt-get install util-linux)"
+    );
+    let broker = bench.start_hostile_broker(ALLOWED_ATTACKER);
+    let attacker_bin = world_runnable_copy(bench.w());
+    let (unloaded_for, streams_for, hostile_for) = (
+        bench.plan.hostile_unloaded,
+        bench.plan.hostile_streams,
+        bench.plan.hostile,
+    );
+    progress(&format!(
+        "hostile phase: {}s unloaded, {}s beside the stream attackers, {}s beside all four",
+        unloaded_for.as_secs(),
+        streams_for.as_secs(),
+        hostile_for.as_secs()
+    ));
+    let pid = broker.pid();
+    let socket = broker.socket.clone();
+    let (unloaded, rss_before) = bench.rt.block_on(async {
+        // Warm: the hit clusters cached, the providers set up.
+        let ch = credbroker_tests::unix_channel(&socket).await;
+        for k in 0..HIT_CALLERS {
+            load::get_token(&ch, load::request("shared", &format!("legit-hit-{k}")))
+                .await
+                .expect("warm-up call");
+        }
+        let phase = legit(&socket, pid, unloaded_for, "unloaded").await;
+        (phase, crate::procs::rss_kib(pid))
+    });
+    let attackers = spawn(&attacker_bin, &socket, &["stall", "flood"], streams_for);
+    let streams = bench
+        .rt
+        .block_on(legit(&socket, pid, streams_for, "streams"));
+    let mut attacks = reports(attackers);
+    let attackers = spawn(
+        &attacker_bin,
+        &socket,
+        &["stall", "flood", "oversize", "hang"],
+        hostile_for,
+    );
+    let hostile = bench
+        .rt
+        .block_on(legit(&socket, pid, hostile_for, "hostile"));
+    for (kind, summary) in reports(attackers) {
+        attacks.push((kind, summary));
+    }
+    drop(broker);
+    report(bench, [&unloaded, &streams, &hostile], rss_before, &attacks);
+}
+
+/// The attackers of `kinds`, each for `secs` under its uid.
+fn spawn(
+    bin: &Path,
+    socket: &Path,
+    kinds: &[&'static str],
+    secs: Duration,
+) -> Vec<(&'static str, Child)> {
+    kinds
+        .iter()
+        .map(|&kind| {
+            let uid = if kind == "stall" {
+                REFUSED_ATTACKER
+            } else {
+                ALLOWED_ATTACKER
+            };
+            let child = Command::new(SETPRIV)
+                .args([
+                    "--reuid",
+                    &uid.to_string(),
+                    "--regid",
+                    &uid.to_string(),
+                    "--clear-groups",
+                ])
+                .arg(bin)
+                .args(["--attack", kind])
+                .arg(socket)
+                .arg(secs.as_secs().to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawn the {kind} attacker: {e}"));
+            (kind, child)
+        })
+        .collect()
+}
+
+/// Each attacker's summary line, once it has exited.
+fn reports(attackers: Vec<(&'static str, Child)>) -> Vec<(&'static str, String)> {
+    attackers
+        .into_iter()
+        .map(|(kind, child)| {
+            let out = child.wait_with_output().expect("attacker");
+            (kind, String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        })
+        .collect()
+}
+
+/// This bench binary, copied where the attackers' uids can run it (it lives under /root).
+fn world_runnable_copy(work: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = work.join("attacker");
+    std::fs::create_dir_all(&dir).expect("attacker dir");
+    let copy = dir.join("credbroker-bench");
+    std::fs::copy(std::env::current_exe().expect("current_exe"), &copy).expect("copy the bench");
+    for (path, mode) in [
+        (work, 0o755),
+        (dir.as_path(), 0o755),
+        (copy.as_path(), 0o755),
+    ] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    copy
+}
+
+/// The legitimate callers for `duration`, with the broker's RSS sampled every second.
+async fn legit(socket: &Path, pid: u32, duration: Duration, name: &str) -> Phase {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut hitters = Vec::new();
+    for k in 0..HIT_CALLERS {
+        let (socket, stop) = (socket.to_path_buf(), Arc::clone(&stop));
+        hitters.push(tokio::spawn(async move {
+            let mut phase = Phase::default();
+            while !stop.load(Ordering::Relaxed) {
+                let req = load::request("shared", &format!("legit-hit-{k}"));
+                let result = fresh_call(&socket, req, CALL_DEADLINE).await;
+                note(&mut phase, result, false);
+                tokio::time::sleep(HIT_EVERY).await;
+            }
+            phase
+        }));
+    }
+    let misser = {
+        let (socket, stop, name) = (socket.to_path_buf(), Arc::clone(&stop), name.to_owned());
+        tokio::spawn(async move {
+            let mut phase = Phase::default();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let req = load::request("shared", &format!("legit-new-{name}-{n}"));
+                let result = fresh_call(&socket, req, MISS_DEADLINE).await;
+                note(&mut phase, result, true);
+                tokio::time::sleep(MISS_EVERY).await;
+            }
+            phase
+        })
+    };
+    let started = Instant::now();
+    let mut rss = Vec::new();
+    while started.elapsed() < duration {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        rss.push(crate::procs::rss_kib(pid));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut total = misser.await.expect("miss task");
+    for h in hitters {
+        let p = h.await.expect("hit task");
+        total.hits.extend(p.hits);
+        total.hit_errors += p.hit_errors;
+        total.first_error = total.first_error.or(p.first_error);
+    }
+    total.rss_max_kib = rss.iter().copied().max().unwrap_or(0);
+    total.rss_end_kib = rss.last().copied().unwrap_or(0);
+    total
+}
+
+/// One call on a new connection (as a shim run makes it): the time to connect and be
+/// answered, or why it failed.
+async fn fresh_call(
+    socket: &Path,
+    req: credbroker_proto::v1::GetTokenRequest,
+    deadline: Duration,
+) -> Result<Duration, String> {
+    let t = Instant::now();
+    let call = async {
+        let ch = credbroker_tests::unix_channel(socket).await;
+        load::get_token(&ch, req).await
+    };
+    match tokio::time::timeout(deadline, call).await {
+        Ok(Ok(r)) if r.token == "bench-shared-token" => Ok(t.elapsed()),
+        Ok(Ok(r)) => Err(format!("wrong token ({} bytes)", r.token.len())),
+        Ok(Err(status)) => Err(status.to_string()),
+        Err(_) => Err(format!("no answer within {deadline:?}")),
+    }
+}
+
+fn note(phase: &mut Phase, result: Result<Duration, String>, miss: bool) {
+    match (result, miss) {
+        (Ok(d), false) => phase.hits.push(d),
+        (Ok(d), true) => phase.misses.push(d),
+        (Err(e), miss) => {
+            if miss {
+                phase.miss_errors += 1;
+            } else {
+                phase.hit_errors += 1;
+            }
+            phase.first_error.get_or_insert(e);
+        }
+    }
+}
+
+fn report(bench: &mut Bench<'_>, phases: [&Phase; 3], rss_before: u64, attacks: &[(&str, String)]) {
+    let [unloaded, streams, hostile] = phases;
+    let row = |name: &str, p: &Phase| {
+        let (mut hits, mut misses) = (p.hits.clone(), p.misses.clone());
+        format!(
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} MiB | {:.1} MiB |",
+            hits.len(),
+            p.hit_errors,
+            ms(percentile(&mut hits, 50.0)),
+            ms(percentile(&mut hits, 99.0)),
+            ms(percentile(&mut hits, 100.0)),
+            misses.len(),
+            p.miss_errors,
+            ms(percentile(&mut misses, 50.0)),
+            ms(percentile(&mut misses, 100.0)),
+            p.rss_max_kib as f64 / 1024.0,
+            p.rss_end_kib as f64 / 1024.0,
+        )
+    };
+    let p99 = |p: &Phase| percentile(&mut p.hits.clone(), 99.0);
+    let errors: usize = phases.iter().map(|p| p.hit_errors + p.miss_errors).sum();
+    let first_error = phases.iter().find_map(|p| p.first_error.as_ref());
+    let growth_mib = streams.rss_max_kib.saturating_sub(rss_before) / 1024;
+    let unloaded_p99 = p99(unloaded).as_secs_f64().max(1e-9);
+    let (streams_ratio, hostile_ratio) = (
+        p99(streams).as_secs_f64() / unloaded_p99,
+        p99(hostile).as_secs_f64() / unloaded_p99,
+    );
+    let plan = &bench.plan;
+    let _ = writeln!(
+        bench.out,
+        "## 8. Hostile phase\n\nLegitimate callers alone for {}s; then {}s beside the two stream attackers; then {}s beside all four (`bench/src/attack.rs`, run as this binary under other uids). Legitimate: uid 0, {HIT_CALLERS} callers each making a cache hit on a fresh connection every {} ms, and one new-cluster miss every {} s on `shared`, the exec provider the hanging misses use. The broker runs production's rate limit (200/s, burst 2 000 per uid) and `allowedUids: [0, {ALLOWED_ATTACKER}]`.\n\n| phase | hits | errors | p50 | p99 | max | new-cluster misses | errors | p50 | max | RSS max | RSS end |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n{}\n{}\n",
+        plan.hostile_unloaded.as_secs(),
+        plan.hostile_streams.as_secs(),
+        plan.hostile.as_secs(),
+        HIT_EVERY.as_millis(),
+        MISS_EVERY.as_secs(),
+        row("unloaded", unloaded),
+        row("stream attackers", streams),
+        row("all four attackers", hostile),
+    );
+    let mut table = String::from("| phase | attacker | uid | what it did |\n|---|---|---:|---|\n");
+    for (i, (kind, summary)) in attacks.iter().enumerate() {
+        let phase = if i < 2 {
+            "stream attackers"
+        } else {
+            "all four"
+        };
+        let (what, uid) = match *kind {
+            "stall" => (
+                "stall: 64 connections × 16 streams of HEADERS only, reconnecting",
+                format!("{REFUSED_ATTACKER} (refused)"),
+            ),
+            "flood" => (
+                "flood: 20 connections opening header-only streams, ~1 000/s",
+                ALLOWED_ATTACKER.to_string(),
+            ),
+            "oversize" => (
+                "oversize: new clusters at every `limits.*` bound, 8 at a time",
+                ALLOWED_ATTACKER.to_string(),
+            ),
+            _ => (
+                "hang: 64 misses at a time whose plugin hangs until its 5 s timeout",
+                ALLOWED_ATTACKER.to_string(),
+            ),
+        };
+        let _ = writeln!(table, "| {phase} | {what} | {uid} | {summary} |");
+    }
+    let _ = writeln!(bench.out, "{table}");
+    let _ = writeln!(
+        bench.out,
+        "Goals: legitimate errors 0: **{}** ({errors}{}); hit p99 ≤ 2× unloaded: **{}** (stream attackers {streams_ratio:.2}×, all four {hostile_ratio:.2}×); RSS ≤ +{RSS_GROWTH_GOAL_MIB} MiB under the stream attackers: **{}** (+{growth_mib} MiB at most over {:.1} MiB before them). With all four, RSS also holds the oversize entries, bounded by `cache.maxBytes` (64 MiB). New-cluster misses wait for a permit a hanging miss holds (a free one goes to the uid holding fewest): at most one plugin timeout.\n",
+        verdict(errors == 0),
+        first_error
+            .map(|e| format!(", first: {e}"))
+            .unwrap_or_default(),
+        verdict(streams_ratio.max(hostile_ratio) <= 2.0),
+        verdict(growth_mib <= RSS_GROWTH_GOAL_MIB),
+        rss_before as f64 / 1024.0,
+    );
+}
