@@ -7,6 +7,7 @@
 //! with nothing on stdout. The binary is static and small: it is exec'd for every credential.
 
 mod caller;
+mod install;
 
 use std::ffi::OsString;
 use std::io::Write as _;
@@ -27,6 +28,7 @@ const HELP: &str = "\
 credbroker-shim: kubeconfig exec plugin that asks the credbroker sidecar for a credential.
 
 Usage: credbroker-shim --provider NAME [--socket PATH] [--timeout DURATION]
+       credbroker-shim install DIR [--name NAME]
 
 Options:
   --provider NAME      broker provider to ask (providers[].name in the broker config)
@@ -38,6 +40,15 @@ Options:
 
 Reads KUBERNETES_EXEC_INFO (set by client-go) and prints one ExecCredential of the same
 apiVersion on stdout. On failure prints one line on stderr and exits 1.
+
+install DIR [--name NAME]
+  Copies this executable (/proc/self/exe) to DIR/NAME, mode 0755, atomically: written to
+  DIR/.NAME.tmp-PID, fsynced, renamed over DIR/NAME. DIR must exist. Replaces only an
+  earlier copy of credbroker-shim (an ELF file holding the marker every shim carries) and
+  refuses anything else there, symlinks and directories included. For an init container
+  filling the volume Kueue's manager runs the shim from. Prints one line; on failure one
+  line on stderr, nothing left behind, exit 1.
+  --name NAME          the file name in DIR [default credbroker-shim]
 ";
 
 /// One failure, shown to the operator as a single stderr line.
@@ -103,6 +114,8 @@ fn usage_error(why: impl Into<String>) -> Failure {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     Run(Args),
+    /// `install DIR [--name NAME]`: only as the first argument.
+    Install(install::InstallArgs),
     Help,
     Version,
 }
@@ -118,7 +131,9 @@ pub struct Args {
 
 /// Parses the arguments after the program name. Accepts `--flag value` and `--flag=value`;
 /// `--help`/`--version` win over everything else; unknown flags, positional arguments and
-/// repeated flags are errors (a kubeconfig typo should fail loudly, not be ignored).
+/// repeated flags are errors (a kubeconfig typo should fail loudly, not be ignored). The
+/// `install` subcommand is recognised only as the first argument, so `--provider install`
+/// is a provider named "install", as client-go's runs always start with a flag.
 pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, Failure> {
     let args = args
         .into_iter()
@@ -137,6 +152,9 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, F
     if args.iter().any(|a| a == "--version" || a == "-V") {
         return Ok(Command::Version);
     }
+    if args.first().is_some_and(|a| a == "install") {
+        return install::parse_args(args.into_iter().skip(1).collect()).map(Command::Install);
+    }
 
     let (mut provider, mut socket, mut timeout) = (None, None, None);
     let mut rest = args.into_iter();
@@ -151,6 +169,12 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Command, F
             "--timeout" => &mut timeout,
             f if f.starts_with('-') => {
                 return Err(usage_error(format!("unknown flag {}", shown(f))));
+            }
+            "install" => {
+                return Err(usage_error(
+                    "unexpected argument \"install\" (the install subcommand comes first: \
+                     credbroker-shim install DIR)",
+                ));
             }
             f => return Err(usage_error(format!("unexpected argument {}", shown(f)))),
         };
@@ -436,6 +460,7 @@ fn real_main() -> Result<String, Failure> {
     let args = match parse_args(std::env::args_os().skip(1))? {
         Command::Help => return Ok(HELP.to_owned()),
         Command::Version => return Ok(format!("credbroker-shim {}\n", env!("CARGO_PKG_VERSION"))),
+        Command::Install(args) => return install::install(&args).map(|done| done.line() + "\n"),
         Command::Run(args) => args,
     };
     let socket = resolve_socket(args.socket.as_deref(), std::env::var_os(SOCKET_ENV));
@@ -540,6 +565,45 @@ mod tests {
             parse_args(os(&["-V", "--provider"])).unwrap(),
             Command::Version
         );
+    }
+
+    #[test]
+    fn install_is_only_the_first_argument() {
+        assert_eq!(
+            parse_args(os(&["install", "/install/bin"])).unwrap(),
+            Command::Install(install::InstallArgs {
+                dir: "/install/bin".into(),
+                name: "credbroker-shim".into(),
+            })
+        );
+        // A provider named "install" is a normal run, whatever the order of the flags.
+        assert_eq!(run_args(&["--provider", "install"]).provider, "install");
+        assert_eq!(
+            run_args(&["--socket", "/s", "--provider=install"]).provider,
+            "install"
+        );
+        let f = parse_args(os(&["--provider", "p", "install", "/d"])).unwrap_err();
+        assert!(f.why.contains("install subcommand comes first"), "{f:?}");
+        assert_eq!(
+            parse_args(os(&["install", "--help"])).unwrap(),
+            Command::Help
+        );
+        let f = parse_args(os(&["install"])).unwrap_err();
+        assert!(f.hint.contains(install::USAGE), "{f:?}");
+    }
+
+    #[test]
+    fn help_documents_install() {
+        for needle in [
+            "credbroker-shim install DIR [--name NAME]",
+            "--name NAME",
+            "mode 0755",
+            "atomically",
+            "earlier copy of credbroker-shim",
+        ] {
+            assert!(HELP.contains(needle), "{needle}");
+        }
+        assert!(HELP.lines().all(|l| l.len() <= 92), "{HELP}");
     }
 
     #[test]

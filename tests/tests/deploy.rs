@@ -25,8 +25,9 @@ use base64::Engine as _;
 use credbroker_tests::doc_blocks::blocks_of;
 use credbroker_tests::kueue::{self, KUEUE_VERSIONS, SHIPPED_KUEUE_VERSION};
 use credbroker_tests::{
-    BROKER_TIMEOUT, COMMAND_TIMEOUT, Running, V1, assert_credential, assert_shim_error, describe,
-    require_tool, run, run_broker_cli, send_signal, tempdir, wait_until,
+    BROKER_TIMEOUT, Broker, COMMAND_TIMEOUT, Running, TokenFiles, V1, assert_credential,
+    assert_shim_error, config_yaml, describe, exec_info, file_provider, require_tool, run,
+    run_broker_cli, send_signal, tempdir, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -53,12 +54,13 @@ const NONROOT: u32 = 65532;
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// What `scripts/image-content.sh` lays out: the image's whole root filesystem, sorted.
-const IMAGE_FILES: [&str; 5] = [
+const IMAGE_FILES: [&str; 6] = [
     "bin/credbroker",
     "etc/group",
     "etc/passwd",
     "etc/ssl/certs/ca-certificates.crt",
     "plugins/bin/credbroker-shim",
+    "usr/share/doc/credbroker/sbom.cdx.json",
 ];
 /// The sidecar's probes. No readinessProbe: a native sidecar's readiness counts toward the
 /// pod's, and the pod backs `kueue-webhook-service`, whose webhooks fail closed.
@@ -549,12 +551,8 @@ fn users_own_config_survives_turning_components_on_and_off() {
     let offline = kustomization.replace(&release, kueue_default.to_str().expect("UTF-8"));
 
     let metrics_on = uncomment(&offline, "components/credbroker-metrics");
-    let init_copy = offline
-        .replace("shim-image-volume", "shim-init-copy")
-        .replace(
-            "# - {name: credbroker-shim-installer",
-            "- {name: credbroker-shim-installer",
-        );
+    // The same `images:` for either shim component: init copy runs the credbroker image too.
+    let init_copy = offline.replace("shim-image-volume", "shim-init-copy");
     let cases = [
         ("as written", offline.clone(), config.clone(), false),
         (
@@ -603,6 +601,12 @@ fn users_own_config_survives_turning_components_on_and_off() {
         let pod = pod_spec(&objects);
         let image = str_of(&sidecar(pod)["image"], "sidecar image");
         assert_eq!(image, "REGISTRY/credbroker:TAG", "{case}");
+        for (what, other) in credbroker_images(pod) {
+            assert_eq!(
+                other, image,
+                "{case}: {what} runs the user's credbroker image"
+            );
+        }
         let ports = sidecar(pod)["ports"]
             .as_array()
             .cloned()
@@ -1519,22 +1523,24 @@ fn containerfile_copies_the_script_output_onto_an_empty_base() {
             "CMD [\"serve\", \"--config\", \"/etc/credbroker/config.yaml\"]",
         ]
     );
-    // The installer stage's entrypoint is the copy the init-copy overlay runs.
-    let objects = render(OVERLAYS[1].0);
-    let installer = list(&pod_spec(&objects)["initContainers"], "initContainers")
-        .iter()
-        .find(|c| c["name"] != SIDECAR)
-        .expect("the installer init container");
-    let command = serde_json::to_string(&installer["command"]).expect("json");
+    // One image for both shim deliveries: no installer stage, no busybox or other base.
     assert!(
-        lines.contains(&format!("ENTRYPOINT {}", command.replace(',', ", ")).as_str()),
-        "the shim-installer stage's ENTRYPOINT is the overlay's command {command}: {lines:?}"
+        !lines
+            .iter()
+            .any(|l| l.contains("shim-installer") || l.contains("busybox")),
+        "init copy runs the credbroker image's own shim (`credbroker-shim install`): {lines:?}"
     );
+    for stage in stages.iter().skip_while(|l| !l.ends_with(" AS content")) {
+        assert!(
+            stage.starts_with("FROM scratch ") || stage.ends_with(" AS content"),
+            "a stage after the content is built on an empty base: {stage}"
+        );
+    }
 }
 
 /// Where the Kueue exec command's path lands, for each delivery variant: follows the manager's
 /// mount to an image volume (the image content plus subPath) or to an emptyDir filled by an
-/// init container (its `cp -R SRC DST` re-run here with the host's cp on the image content).
+/// init container (its command run here as [`run_init_container`] says).
 fn shim_as_the_manager_sees_it(objects: &[Value], delivery: Delivery, scratch: &Path) -> PathBuf {
     let pod = pod_spec(objects);
     let command = str_of(
@@ -1561,40 +1567,307 @@ fn shim_as_the_manager_sees_it(objects: &[Value], delivery: Delivery, scratch: &
         Delivery::InitCopy => {
             assert!(v["emptyDir"].is_object(), "an emptyDir: {v}");
             assert!(sub_path.is_empty());
-            let installer = list(&pod["initContainers"], "initContainers")
-                .iter()
-                .find(|c| {
-                    c["restartPolicy"].is_null()
-                        && c["volumeMounts"]
-                            .as_array()
-                            .is_some_and(|ms| ms.iter().any(|m| m["name"] == vol.as_str()))
-                })
-                .expect("an init container fills the emptyDir");
-            let cmd = strings(&installer["command"], "installer command");
-            let (src, dst) = match cmd.as_slice() {
-                [cp, flag, src, dst] if cp == "/busybox/cp" && flag == "-R" => (src, dst),
-                _ => panic!("expected [/busybox/cp, -R, SRC, DST], got {cmd:?}"),
-            };
-            let (_, install_at, _) = mount_for(installer, dst);
-            let dst_rel = dst
-                .strip_prefix(&install_at)
-                .expect("DST inside the install mount")
-                .trim_start_matches('/');
-            let volume_dir = scratch.join("emptydir");
-            std::fs::create_dir_all(volume_dir.join(dst_rel)).expect("mkdir");
-            // The installer image is the image content's /plugins at /plugins.
-            let src_rel = src.strip_prefix('/').expect("absolute SRC");
-            let out = run(
-                Command::new("cp")
-                    .arg("-R")
-                    .arg(content.join(src_rel))
-                    .arg(volume_dir.join(dst_rel)),
-                COMMAND_TIMEOUT,
+            let installer = installer(pod, &vol);
+            let emptydir = emptydir_for(scratch);
+            let out = run_init_container(pod, installer, &vol, &emptydir);
+            assert!(
+                out.status.success(),
+                "the init container: {}",
+                describe(&out)
             );
-            assert!(out.status.success(), "cp: {}", describe(&out));
-            volume_dir.join(rest)
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                said.starts_with("credbroker-shim: installed ") && out.stderr.is_empty(),
+                "the init container's one line: {}",
+                describe(&out)
+            );
+            // The pod restarts: the emptyDir keeps the last copy, the init container runs again.
+            let out = run_init_container(pod, installer, &vol, &emptydir);
+            assert!(
+                out.status.success()
+                    && String::from_utf8_lossy(&out.stdout)
+                        .starts_with("credbroker-shim: replaced an earlier copy at "),
+                "the init container, run again: {}",
+                describe(&out)
+            );
+            emptydir.join(rest)
         }
     }
+}
+
+/// The init container of `pod` that fills volume `vol` (not the sidecar).
+fn installer<'a>(pod: &'a Value, vol: &str) -> &'a Value {
+    list(&pod["initContainers"], "initContainers")
+        .iter()
+        .find(|c| {
+            c["restartPolicy"].is_null()
+                && c["volumeMounts"]
+                    .as_array()
+                    .is_some_and(|ms| ms.iter().any(|m| m["name"] == vol))
+        })
+        .expect("an init container fills the emptyDir")
+}
+
+/// A directory standing for an emptyDir, as the kubelet makes one: mode 0777, owned by root,
+/// reachable by uid 65532 (the tests' temp dirs are 0700).
+fn emptydir_for(scratch: &Path) -> PathBuf {
+    std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let dir = scratch.join("emptydir");
+    std::fs::create_dir(&dir).expect("mkdir emptyDir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    dir
+}
+
+/// Whether this process runs as root (`/proc/self` belongs to the effective uid).
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata("/proc/self").expect("/proc/self").uid() == 0
+}
+
+/// Runs `init`'s `command` + `args` as the rendered init container states them, on the host:
+/// the executable is the image content's file at the command's path (the container runs the
+/// sidecar's image; copied to `image/` beside `emptydir`, mode kept), each argument inside a
+/// mount of `vol` is that path in `emptydir` (the mount's subPath directory created as the
+/// kubelet creates it: with the volume's own mode), and the process runs as the container's
+/// `runAsUser`/`runAsGroup` when the tests run as root. Any other absolute path in the
+/// arguments fails the test: this stand-in knows only `vol`.
+fn run_init_container(pod: &Value, init: &Value, vol: &str, emptydir: &Path) -> Output {
+    use std::os::unix::process::CommandExt as _;
+    assert_eq!(
+        init["image"],
+        sidecar(pod)["image"],
+        "the init container runs the sidecar's image (one image for both deliveries): {init}"
+    );
+    let mut argv = strings(&init["command"], "init container command");
+    if !init["args"].is_null() {
+        argv.extend(strings(&init["args"], "init container args"));
+    }
+    let program = argv.remove(0);
+    let mounts = list(&init["volumeMounts"], "volumeMounts");
+    let inside = |path: &str, at: &str| path == at || path.starts_with(&format!("{at}/"));
+    assert!(
+        !mounts
+            .iter()
+            .any(|m| inside(&program, str_of(&m["mountPath"], "mountPath"))),
+        "the init container's executable {program} comes from its image, not a volume"
+    );
+    // The image's file, copied beside the emptyDir so that the container's uid reaches it.
+    let executable = emptydir
+        .with_file_name("image")
+        .join(program.trim_start_matches('/'));
+    if !executable.exists() {
+        let mut dir = executable.parent().expect("dir").to_path_buf();
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        while dir != emptydir.parent().expect("scratch") {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            dir.pop();
+        }
+        std::fs::copy(
+            image_content().join(program.trim_start_matches('/')),
+            &executable,
+        )
+        .expect("copy the image's executable");
+    }
+    let args: Vec<PathBuf> = argv
+        .iter()
+        .map(|arg| {
+            if !arg.starts_with('/') {
+                return PathBuf::from(arg);
+            }
+            let (name, at, sub_path) = mount_for(init, arg);
+            assert_eq!(name, vol, "{arg} is in the volume the init container fills");
+            let dir = emptydir.join(&sub_path);
+            if !dir.exists() {
+                std::fs::create_dir_all(&dir).expect("mkdir subPath");
+                let mode = emptydir.metadata().expect("stat").permissions().mode() & 0o7777;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))
+                    .expect("chmod subPath");
+            }
+            let rest = arg[at.len()..].trim_start_matches('/');
+            if rest.is_empty() { dir } else { dir.join(rest) }
+        })
+        .collect();
+    let mut command = Command::new(&executable);
+    command.args(&args).env_clear();
+    if running_as_root() {
+        let sc = &init["securityContext"];
+        let id = |key: &str| {
+            sc[key]
+                .as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .unwrap_or_else(|| panic!("init container securityContext.{key}: {sc}"))
+        };
+        command.uid(id("runAsUser")).gid(id("runAsGroup"));
+    }
+    run(&mut command, COMMAND_TIMEOUT)
+}
+
+/// Every image `pod` runs or mounts besides Kueue's manager image: (where, reference).
+fn credbroker_images(pod: &Value) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for key in ["initContainers", "containers"] {
+        for c in pod[key].as_array().into_iter().flatten() {
+            if c["name"] != MANAGER {
+                found.push((
+                    format!("{key}[{}]", c["name"]),
+                    str_of(&c["image"], "image").to_owned(),
+                ));
+            }
+        }
+    }
+    for v in pod["volumes"].as_array().into_iter().flatten() {
+        if let Some(reference) = v["image"]["reference"].as_str() {
+            found.push((format!("volume {}", v["name"]), reference.to_owned()));
+        }
+    }
+    found
+}
+
+/// Item 4 of issue 21: one image for both deliveries. Besides Kueue's own manager image, the
+/// pod runs and mounts only the sidecar's image, whichever shim component is on.
+#[test]
+fn the_pod_runs_no_image_but_kueues_and_credbrokers() {
+    for (dir, delivery, objects) in overlays() {
+        let pod = pod_spec(&objects);
+        let image = str_of(&sidecar(pod)["image"], "sidecar image");
+        let images = credbroker_images(pod);
+        assert!(images.len() >= 2, "{dir}: {images:?}");
+        for (what, other) in &images {
+            assert_eq!(other, image, "{dir} ({delivery:?}): {what}");
+        }
+    }
+}
+
+/// The init container's install, run as the rendered overlay states it, then the installed
+/// shim: it is the image's shim, byte for byte and mode 0755, and gets a token from a broker.
+#[test]
+fn init_copy_installs_the_shim_as_the_overlay_runs_it() {
+    let objects = render(OVERLAYS[1].0);
+    let pod = pod_spec(&objects);
+    let scratch = tempdir();
+    let path = shim_as_the_manager_sees_it(&objects, Delivery::InitCopy, scratch.path());
+    let shim = image_content().join("plugins/bin/credbroker-shim");
+    assert_eq!(
+        std::fs::read(&path).expect("the installed shim"),
+        std::fs::read(&shim).expect("the image's shim")
+    );
+    assert_eq!(
+        path.metadata().expect("stat").permissions().mode() & 0o7777,
+        0o755
+    );
+    let installed_dir = path.parent().expect("dir");
+    let names: Vec<_> = std::fs::read_dir(installed_dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names, ["credbroker-shim"], "no temporary file left");
+
+    let files = TokenFiles::new();
+    files.write("c", "token-from-the-init-copy");
+    let broker = Broker::start(&config_yaml(&[file_provider("static", &files.template())]));
+    let info = exec_info(V1, "https://c.example", json!({"clusterName": "c"}));
+    let out = run(
+        Command::new(&path)
+            .args(["--provider", "static", "--socket"])
+            .arg(broker.socket())
+            .env_clear()
+            .env("KUBERNETES_EXEC_INFO", &info),
+        COMMAND_TIMEOUT,
+    );
+    assert_eq!(
+        assert_credential(&out, V1).token,
+        "token-from-the-init-copy"
+    );
+
+    // What is not an earlier copy is refused, named, and left alone.
+    let installer = installer(pod, "credbroker-plugins");
+    let other = tempdir();
+    let emptydir = emptydir_for(other.path());
+    std::fs::create_dir(emptydir.join("bin")).expect("mkdir");
+    std::fs::set_permissions(emptydir.join("bin"), std::fs::Permissions::from_mode(0o777))
+        .expect("chmod");
+    let stranger = emptydir.join("bin/credbroker-shim");
+    write_file(
+        &emptydir,
+        "bin/credbroker-shim",
+        "#!/bin/sh\necho not the shim\n",
+        0o755,
+    );
+    let out = run_init_container(pod, installer, "credbroker-plugins", &emptydir);
+    assert_shim_error(
+        &out,
+        &[
+            "refusing to replace",
+            &stranger.display().to_string(),
+            "not an earlier credbroker-shim",
+        ],
+    );
+    assert_eq!(
+        std::fs::read_to_string(&stranger).expect("left alone"),
+        "#!/bin/sh\necho not the shim\n"
+    );
+}
+
+/// docs/deploy.md section 2's block that runs the init container's command by hand: run as
+/// written, with the image content's and the stand-in emptyDir's paths swapped for the test's.
+#[test]
+fn deploy_md_install_block_runs_as_written() {
+    const CONTENT: &str = "target/image-content";
+    const EMPTYDIR: &str = "/tmp/emptydir";
+    let blocks = blocks_of(&repo(), "docs/deploy.md");
+    let block = blocks
+        .iter()
+        .find(|b| b.kind.as_deref() == Some("manual") && b.body.contains("credbroker-shim install"))
+        .expect("docs/deploy.md shows the install command in a `sh manual` block");
+    // The block runs what the init container runs: its executable and arguments, DIR aside.
+    let objects = render(OVERLAYS[1].0);
+    let pod = pod_spec(&objects);
+    let init = installer(pod, "credbroker-plugins");
+    let command = strings(&init["command"], "command");
+    let (program, verb) = (&command[0], &command[1]);
+    assert!(
+        block
+            .body
+            .contains(&format!("{CONTENT}{program} {verb} {EMPTYDIR}/bin")),
+        "{}: the block runs the init container's {command:?} on {CONTENT}",
+        block.at()
+    );
+
+    let tmp = tempdir();
+    let script = block
+        .body
+        .replace(CONTENT, image_content().to_str().expect("UTF-8"))
+        .replace(
+            EMPTYDIR,
+            tmp.path().join("emptydir").to_str().expect("UTF-8"),
+        );
+    let out = run(
+        Command::new("sh").args(["-eu", "-c", &script]),
+        COMMAND_TIMEOUT,
+    );
+    assert!(out.status.success(), "{}: {}", block.at(), describe(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let installed = tmp.path().join("emptydir/bin/credbroker-shim");
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "credbroker-shim: installed {} ({} bytes)",
+                installed.display(),
+                installed.metadata().expect("installed").len()
+            ),
+            format!("credbroker-shim {}", env!("CARGO_PKG_VERSION")),
+            format!(
+                "credbroker-shim: replaced an earlier copy at {} ({} bytes)",
+                installed.display(),
+                installed.metadata().expect("installed").len()
+            ),
+        ],
+        "{}: {}",
+        block.at(),
+        describe(&out)
+    );
 }
 
 #[test]

@@ -845,6 +845,15 @@ fn cli_help(args: &[&str]) -> String {
 
 fn check_cli_args(binary: &str, args: &[&str]) -> Result<(), String> {
     let help = if binary == SHIM {
+        // The shim's one subcommand, `install DIR`, is its first argument; any other first
+        // word that is not a flag is a typo client-go would fail on.
+        if let Some(first) = args.first().filter(|a| !a.starts_with('-'))
+            && *first != "install"
+        {
+            return Err(format!(
+                "credbroker-shim has no subcommand {first:?} (install, or flags only)"
+            ));
+        }
         cli_help(&[SHIM, "--help"])
     } else {
         let Some(sub) = args.first() else {
@@ -1042,6 +1051,15 @@ fn shell_blocks_are_syntax_and_cli_checked() {
     assert_fails(
         "```sh manual\ncredbroker-shim --provider x --sock /s\n```\n",
         "no flag --sock",
+    );
+    assert_passes("```sh manual\ncredbroker-shim install /d --name n\n```\n");
+    assert_fails(
+        "```sh manual\ncredbroker-shim instal /d\n```\n",
+        "no subcommand \"instal\"",
+    );
+    assert_fails(
+        "```sh manual\ncredbroker-shim install /d --nmae n\n```\n",
+        "no flag --nmae",
     );
     assert_fails(
         "```sh manual\ncargo run -p credbroker -- serve --bogus\n```\n",
