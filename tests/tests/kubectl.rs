@@ -232,3 +232,41 @@ fn kubectl_file_provider() {
         broker.logs()
     );
 }
+
+/// kubectl through the arm64 shim to the arm64 broker, both under qemu
+/// (`credbroker_tests::arch`), wrapping an exec plugin: the token reaches the API server, and
+/// the second kubectl is served from the cache.
+#[test]
+fn kubectl_through_the_arm64_shim_and_broker() {
+    let arm64 = credbroker_tests::arch::arm64();
+    let plugin = ExecPlugin::new();
+    let broker = Broker::builder()
+        .providers(&[exec_provider("onprem", plugin.command(), "")])
+        .binary(&arm64.wrapper(credbroker_tests::BROKER))
+        .start();
+    let server = FakeApiServer::start(&["tok-alpha-1"]);
+    let dir = tempdir();
+    let kc = kubeconfig(
+        dir.path(),
+        "arm64.json",
+        &server,
+        "alpha",
+        V1,
+        "onprem",
+        &broker,
+    );
+    // The exec command: the arm64 shim (its qemu wrapper) instead of this build's.
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(&kc).unwrap()).unwrap();
+    doc["users"][0]["user"]["exec"]["command"] =
+        json!(arm64.wrapper(credbroker_tests::SHIM).display().to_string());
+    std::fs::write(&kc, serde_json::to_vec(&doc).unwrap()).unwrap();
+    for _ in 0..2 {
+        assert_ok(&get_api(&kc));
+    }
+    assert_eq!(api_tokens(&server), vec!["tok-alpha-1"; 2]);
+    assert_eq!(
+        plugin.runs(),
+        1,
+        "the second kubectl was served from the cache"
+    );
+}

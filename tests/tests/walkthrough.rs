@@ -183,6 +183,34 @@ fn the_readme_walkthrough_pasted_into_sh_and_bash_works_every_time() {
     let _ = std::fs::remove_dir(DEMO);
 }
 
+/// The walk-through with the arm64 binaries, run under qemu (`credbroker_tests::arch`): the
+/// README's block as written, but for its first two lines (the native build and where it
+/// lands), which become `bin=` the qemu wrappers.
+#[test]
+fn the_readme_walkthrough_runs_the_arm64_binaries_under_qemu() {
+    let arm64 = credbroker_tests::arch::arm64();
+    let block = walkthrough();
+    let mut lines = block.body.lines();
+    let (build, bin_line) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+    assert!(
+        build.starts_with("cargo build") && bin_line.starts_with("bin=target/"),
+        "{}: the walk-through no longer starts with its build and `bin=`: {build:?}, {bin_line:?}",
+        block.at()
+    );
+    let script_text = format!(
+        "bin={}\n{}\n",
+        arm64.wrappers.display(),
+        lines.collect::<Vec<_>>().join("\n")
+    );
+    let dir = tempdir();
+    let script = dir.path().join("walkthrough-arm64.sh");
+    std::fs::write(&script, script_text).unwrap();
+    let tmp = tempdir();
+    let (out, demo) = paste("sh", &script, tmp.path());
+    check_run("sh", 0, &out, &demo);
+    let _ = std::fs::remove_dir(DEMO);
+}
+
 #[test]
 fn the_walkthrough_block_is_posix_sh() {
     // `kill %1` (job control) leaves the broker running under dash; `$!` does not.
