@@ -55,44 +55,42 @@ fn chroot(root: &Path, cmd: &[&str], info: &str) -> Output {
     out
 }
 
-#[test]
-fn shim_runs_in_an_empty_chroot() {
-    let files = TokenFiles::new();
-    files.write("jail", "token-from-outside");
+/// The shim in an empty root holding only `files` (copied in, mode 0755) and the broker's
+/// socket, run as `run` there: it gets the token of a file provider outside.
+fn token_in_an_empty_root(files: &[(std::path::PathBuf, &str)], run: &[&str]) {
+    let tokens = TokenFiles::new();
+    tokens.write("jail", "token-from-outside");
     let root = tempdir();
     let socket = root.path().join("broker.sock");
     let _broker = Broker::start_at(
-        &config_yaml(&[file_provider("static", &files.template())]),
+        &config_yaml(&[file_provider("static", &tokens.template())]),
         &socket,
     );
-    let shim = root.path().join(SHIM);
-    std::fs::copy(bin(SHIM), &shim).expect("copy shim into the chroot");
-    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-
+    for (from, name) in files {
+        let to = root.path().join(name);
+        std::fs::copy(from, &to).expect("copy into the chroot");
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
     let entries: Vec<_> = std::fs::read_dir(root.path())
         .expect("read chroot")
         .map(|e| e.expect("dir entry").file_name())
         .collect();
     assert_eq!(
         entries.len(),
-        2,
-        "the chroot holds only the shim and the socket: {entries:?}"
+        files.len() + 1,
+        "the chroot holds only {files:?} and the socket: {entries:?}"
     );
-
     let info = exec_info(V1, "https://jail.example", json!({"clusterName": "jail"}));
-    let out = chroot(
-        root.path(),
-        &[
-            "/credbroker-shim",
-            "--provider",
-            "static",
-            "--socket",
-            "/broker.sock",
-        ],
-        &info,
-    );
+    let mut cmd = run.to_vec();
+    cmd.extend(["--provider", "static", "--socket", "/broker.sock"]);
+    let out = chroot(root.path(), &cmd, &info);
     let cred = assert_credential(&out, V1);
     assert_eq!(cred.token, "token-from-outside");
+}
+
+#[test]
+fn shim_runs_in_an_empty_chroot() {
+    token_in_an_empty_root(&[(bin(SHIM), SHIM)], &["/credbroker-shim"]);
 }
 
 /// The arm64 shim in an empty root beside only the socket and qemu (static too): no libc, no
@@ -100,37 +98,13 @@ fn shim_runs_in_an_empty_chroot() {
 #[test]
 fn the_arm64_shim_runs_in_an_empty_chroot_under_qemu() {
     let arm64 = credbroker_tests::arch::arm64();
-    let files = TokenFiles::new();
-    files.write("jail", "token-from-outside");
-    let root = tempdir();
-    let socket = root.path().join("broker.sock");
-    let _broker = Broker::start_at(
-        &config_yaml(&[file_provider("static", &files.template())]),
-        &socket,
-    );
-    for (from, name) in [
-        (arm64.binary(SHIM), SHIM),
-        (arm64.qemu.clone(), "qemu-aarch64-static"),
-    ] {
-        let to = root.path().join(name);
-        std::fs::copy(&from, &to).expect("copy into the chroot");
-        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    }
-    let info = exec_info(V1, "https://jail.example", json!({"clusterName": "jail"}));
-    let out = chroot(
-        root.path(),
+    token_in_an_empty_root(
         &[
-            "/qemu-aarch64-static",
-            "/credbroker-shim",
-            "--provider",
-            "static",
-            "--socket",
-            "/broker.sock",
+            (arm64.binary(SHIM), SHIM),
+            (arm64.qemu.clone(), "qemu-aarch64-static"),
         ],
-        &info,
+        &["/qemu-aarch64-static", "/credbroker-shim"],
     );
-    let cred = assert_credential(&out, V1);
-    assert_eq!(cred.token, "token-from-outside");
 }
 
 #[test]
