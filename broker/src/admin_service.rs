@@ -227,24 +227,29 @@ impl AdminService for AdminApi {
             n => usize::try_from(n).unwrap_or(usize::MAX).min(MAX_PAGE_SIZE),
         };
         let listed = self.broker.cache().entries();
-        let mut wanted = listed
+        let wanted = listed
             .into_iter()
             .filter(|e| r.provider.is_empty() || *e.key.provider == *r.provider)
-            .filter(|e| after.as_ref().is_none_or(|a| a.precedes(&e.key)))
-            .peekable();
-        let (mut entries, mut bytes, mut last) = (Vec::new(), 0, None);
-        while let Some(info) = wanted.peek() {
-            let row = entry(info.clone());
+            .filter(|e| after.as_ref().is_none_or(|a| a.precedes(&e.key)));
+        let (mut entries, mut bytes, mut last, mut more) = (Vec::new(), 0, None, false);
+        for info in wanted {
+            if entries.len() == page_size {
+                more = true;
+                break;
+            }
+            let key = info.key.clone();
+            let row = entry(info);
             let len = prost::Message::encoded_len(&row);
-            if entries.len() == page_size || (!entries.is_empty() && bytes + len > MAX_PAGE_BYTES) {
+            if !entries.is_empty() && bytes + len > MAX_PAGE_BYTES {
+                more = true;
                 break;
             }
             bytes += len;
-            last = wanted.next().map(|e| e.key);
+            last = Some(key);
             entries.push(row);
         }
-        let next_page_token = match (wanted.peek(), last) {
-            (Some(_), Some(last)) => PageToken::after(&last),
+        let next_page_token = match (more, last) {
+            (true, Some(last)) => PageToken::after(&last),
             _ => String::new(),
         };
         Ok(Response::new(ListEntriesResponse {

@@ -67,6 +67,11 @@ pub fn run_shim(socket: &Path, args: &[&str], exec_info: Option<&str>) -> Output
     spawn_shim(socket, args, exec_info).wait(SHIM_TIMEOUT)
 }
 
+/// [`run_shim`] with the shim `shim` (another build of it, see [`shim_command_of`]).
+pub fn run_shim_of(shim: &Path, socket: &Path, args: &[&str], exec_info: Option<&str>) -> Output {
+    Running::spawn(&mut shim_command_of(shim, socket, args, exec_info)).wait(SHIM_TIMEOUT)
+}
+
 /// What a successful shim run printed.
 #[derive(Debug, Clone)]
 pub struct Credential {

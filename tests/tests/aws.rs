@@ -91,13 +91,7 @@ fn token_for_with(
     let info = exec_info(V1, server, cluster_config);
     let args = ["--provider", "eks"];
     let out = match shim {
-        Some(shim) => credbroker_tests::Running::spawn(&mut credbroker_tests::shim_command_of(
-            shim,
-            broker.socket(),
-            &args,
-            Some(&info),
-        ))
-        .wait(credbroker_tests::SHIM_TIMEOUT),
+        Some(shim) => credbroker_tests::run_shim_of(shim, broker.socket(), &args, Some(&info)),
         None => run_shim(broker.socket(), &args, Some(&info)),
     };
     if !out.status.success() {
