@@ -1,9 +1,17 @@
 //! credbroker's gRPC API, package `credbroker.v1`, generated from `proto/credbroker/v1`.
 
 /// Messages and services of package `credbroker.v1`.
+#[cfg(feature = "transport")]
 pub mod v1 {
     #![allow(missing_debug_implementations, clippy::all, unreachable_pub)]
     tonic::include_proto!("credbroker.v1");
+}
+
+/// Messages of package `credbroker.v1` (the same types, without the services).
+#[cfg(not(feature = "transport"))]
+pub mod v1 {
+    #![allow(missing_debug_implementations, clippy::all, unreachable_pub)]
+    include!(concat!(env!("OUT_DIR"), "/messages/credbroker.v1.rs"));
 }
 
 pub mod reason;
@@ -14,6 +22,7 @@ pub const DEFAULT_SOCKET_PATH: &str = "/var/run/credbroker/broker.sock";
 
 /// A gRPC channel to a server on the Unix socket at `path` (the broker), with tonic's default
 /// endpoint settings. The connection is made before this returns.
+#[cfg(feature = "transport")]
 pub async fn connect_unix(
     path: impl AsRef<std::path::Path>,
 ) -> Result<tonic::transport::Channel, tonic::transport::Error> {
@@ -23,11 +32,13 @@ pub async fn connect_unix(
 /// The endpoint [`connect_unix`] starts from, for callers that set timeouts on it. The URI
 /// only fills HTTP/2's `:authority`: "localhost" is what every gRPC server accepts (h2 rejects
 /// a socket path there); the connector ignores it and dials the socket.
+#[cfg(feature = "transport")]
 pub fn unix_endpoint() -> tonic::transport::Endpoint {
     tonic::transport::Endpoint::from_static("http://localhost")
 }
 
 /// [`connect_unix`] with the caller's endpoint settings (timeouts, keepalive).
+#[cfg(feature = "transport")]
 pub async fn connect_unix_with(
     endpoint: tonic::transport::Endpoint,
     path: impl AsRef<std::path::Path>,
@@ -51,25 +62,46 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 /// gRPC's canonical code names (`NOT_FOUND`), as grpcurl, the broker's metrics and the
 /// shim's error lines print them; tonic only offers descriptions.
+#[cfg(feature = "transport")]
 pub fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code;
+    code_name_of(code as i32)
+}
+
+/// [`code_name`] of a `grpc-status` number; a number gRPC does not define is `UNKNOWN`, as
+/// gRPC's own clients read it.
+pub fn code_name_of(code: i32) -> &'static str {
     match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
+        0 => "OK",
+        1 => "CANCELLED",
+        3 => "INVALID_ARGUMENT",
+        4 => "DEADLINE_EXCEEDED",
+        5 => "NOT_FOUND",
+        6 => "ALREADY_EXISTS",
+        7 => "PERMISSION_DENIED",
+        8 => "RESOURCE_EXHAUSTED",
+        9 => "FAILED_PRECONDITION",
+        10 => "ABORTED",
+        11 => "OUT_OF_RANGE",
+        12 => "UNIMPLEMENTED",
+        13 => "INTERNAL",
+        14 => "UNAVAILABLE",
+        15 => "DATA_LOSS",
+        16 => "UNAUTHENTICATED",
+        _ => "UNKNOWN",
+    }
+}
+
+#[cfg(all(test, feature = "transport"))]
+mod tests {
+    #[test]
+    fn code_names_agree_with_tonic() {
+        for n in 0..17 {
+            let code = tonic::Code::from_i32(n);
+            assert_eq!(super::code_name(code), super::code_name_of(n));
+            assert_eq!(super::code_name_of(n) == "UNKNOWN", n == 2, "{n}");
+        }
+        assert_eq!(super::code_name_of(2), "UNKNOWN");
+        assert_eq!(super::code_name_of(99), "UNKNOWN");
+        assert_eq!(super::code_name_of(-1), "UNKNOWN");
     }
 }

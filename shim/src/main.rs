@@ -16,13 +16,19 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use credbroker_execcred::{ApiVersion, EXEC_INFO_ENV, exec_credential, parse_exec_info};
-use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Cluster, GetTokenRequest, GetTokenResponse};
-use credbroker_proto::{DEFAULT_SOCKET_PATH as DEFAULT_SOCKET, code_name};
+use credbroker_proto::{DEFAULT_SOCKET_PATH as DEFAULT_SOCKET, code_name_of};
+use credbroker_shim::wire::{self, Answer, WireError};
+use prost::Message as _;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const SOCKET_ENV: &str = "CREDBROKER_SOCKET";
 const USAGE: &str = "credbroker-shim --provider NAME [--socket PATH] [--timeout DURATION]";
+/// The one method the shim calls.
+const GET_TOKEN: &str = "/credbroker.v1.TokenService/GetToken";
+/// Stack of the thread that makes the call: it holds a few frames and the buffers live on
+/// the heap, so a small stack is cheaper to set up than std's 2 MiB default.
+const CALL_STACK: usize = 256 * 1024;
 
 const HELP: &str = "\
 credbroker-shim: kubeconfig exec plugin that asks the credbroker sidecar for a credential.
@@ -283,8 +289,11 @@ fn exec_info_failure(why: String) -> Failure {
 }
 
 /// The whole shim after argument parsing: exec info in, ExecCredential JSON out.
-/// Connecting and the call together never take longer than `args.timeout`.
-pub async fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<String, Failure> {
+/// Connecting and the call together never take longer than `args.timeout`: they run on a
+/// thread of their own, which this one stops waiting for at the deadline (a Unix socket's
+/// `connect` blocks while the broker's backlog is full, and std has no timeout for it). The
+/// process then exits, and the thread with it.
+pub fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<String, Failure> {
     let info = parse_exec_info(exec_info).map_err(exec_info_failure)?;
     let request = GetTokenRequest {
         provider: args.provider.clone(),
@@ -302,8 +311,23 @@ pub async fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<
         interactive: info.interactive,
         caller: caller::this_caller(exec_info),
     };
-    let response = tokio::time::timeout(args.timeout, get_token(socket, request))
-        .await
+    let (done, answer) = std::sync::mpsc::sync_channel(1);
+    let message = request.encode_to_vec();
+    let path = socket.to_path_buf();
+    std::thread::Builder::new()
+        .stack_size(CALL_STACK)
+        .spawn(move || {
+            let _ = done.send(get_token(&path, &message));
+        })
+        .map_err(|e| {
+            Failure::new(
+                "cannot start",
+                format!("thread: {e}"),
+                "the container may be out of threads or memory",
+            )
+        })?;
+    let response = answer
+        .recv_timeout(args.timeout)
         .map_err(|_| {
             Failure::new(
                 "timed out waiting for the broker",
@@ -314,7 +338,8 @@ pub async fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<
                 ),
                 "check the broker's log; raise --timeout if the upstream is slow",
             )
-        })??;
+        })?
+        .map_err(|e| e.failure(&args.provider, socket))?;
     exec_credential_json(info.api_version, &response, unix_now()).map_err(|why| {
         Failure::new(
             "unusable answer from the broker",
@@ -348,41 +373,64 @@ fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
-/// Connects to the broker's Unix socket and makes the one `GetToken` call.
-async fn get_token(socket: &Path, request: GetTokenRequest) -> Result<GetTokenResponse, Failure> {
-    let provider = request.provider.clone();
-    let channel = credbroker_proto::connect_unix(socket).await.map_err(|e| {
-        Failure::new(
-            format!("cannot connect to the broker at {}", socket.display()),
-            error_chain(&e),
-            "is the credbroker sidecar running and the socket volume shared with this \
-                 container? set --socket or CREDBROKER_SOCKET",
-        )
-    })?;
-    TokenServiceClient::new(channel)
-        .get_token(request)
-        .await
-        .map(tonic::Response::into_inner)
-        .map_err(|status| status_failure(&status, &provider, socket))
+/// Why the call failed, before it is worded for the operator.
+#[derive(Debug)]
+enum CallError {
+    Connect(std::io::Error),
+    Wire(WireError),
+    /// The broker answered with an error status.
+    Status(Answer),
+    /// An OK answer whose message is not a GetTokenResponse.
+    Decode(prost::DecodeError),
 }
 
-/// Turns a failed call into a line that says what the operator should do. Statuses sent
-/// by the broker carry no source error; ones tonic made from a broken connection do.
-fn status_failure(status: &tonic::Status, provider: &str, socket: &Path) -> Failure {
-    let code = code_name(status.code());
-    if let Some(source) = std::error::Error::source(status) {
-        // tonic made this status from a broken connection; its message repeats the source.
-        return Failure::new(
-            format!("GetToken call to the broker at {} failed", socket.display()),
-            format!("{code}: {}", error_chain(source)),
-            "the connection broke; check that the broker is healthy (its log) and that \
-             the socket is credbroker's",
-        );
+impl CallError {
+    fn failure(self, provider: &str, socket: &Path) -> Failure {
+        match self {
+            CallError::Connect(e) => Failure::new(
+                format!("cannot connect to the broker at {}", socket.display()),
+                e.to_string(),
+                "is the credbroker sidecar running and the socket volume shared with this \
+                 container? set --socket or CREDBROKER_SOCKET",
+            ),
+            CallError::Wire(WireError::Protocol(why)) => Failure::new(
+                format!("GetToken call to the broker at {} failed", socket.display()),
+                format!("not a gRPC answer: {why}"),
+                "is the socket credbroker's? check the broker's version",
+            ),
+            CallError::Wire(e) => Failure::new(
+                format!("GetToken call to the broker at {} failed", socket.display()),
+                e.to_string(),
+                "the connection broke; check that the broker is healthy (its log) and that \
+                 the socket is credbroker's",
+            ),
+            CallError::Status(answer) => status_failure(&answer, provider),
+            CallError::Decode(e) => Failure::new(
+                "unusable answer from the broker",
+                format!("the GetToken answer does not decode: {e}"),
+                "is the socket credbroker's? check the broker's version",
+            ),
+        }
     }
-    let why = if status.message().is_empty() {
+}
+
+/// Connects to the broker's Unix socket and makes the one `GetToken` call.
+fn get_token(socket: &Path, message: &[u8]) -> Result<GetTokenResponse, CallError> {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).map_err(CallError::Connect)?;
+    let answer = wire::unary(&mut stream, GET_TOKEN, message).map_err(CallError::Wire)?;
+    if answer.code != 0 {
+        return Err(CallError::Status(answer));
+    }
+    GetTokenResponse::decode(answer.body.as_slice()).map_err(CallError::Decode)
+}
+
+/// Turns the broker's error status into a line that says what the operator should do.
+fn status_failure(answer: &Answer, provider: &str) -> Failure {
+    let code = code_name_of(answer.code);
+    let why = if answer.message.is_empty() {
         code.to_owned()
     } else {
-        format!("{code}: {}", status.message())
+        format!("{code}: {}", answer.message)
     };
     Failure::new(
         format!(
@@ -390,40 +438,34 @@ fn status_failure(status: &tonic::Status, provider: &str, socket: &Path) -> Fail
             shown(provider)
         ),
         why,
-        hint(status),
+        hint(answer),
     )
 }
 
 /// What the operator should do about a status: chosen by the broker's `ErrorInfo` reason
 /// (`credbroker_proto::reason`), never by the message text; by the code when the status
 /// has no credbroker reason.
-fn hint(status: &tonic::Status) -> &'static str {
+fn hint(answer: &Answer) -> &'static str {
     use credbroker_proto::reason;
-    use tonic::Code;
-    use tonic_types::StatusExt as _;
-    let info = status
-        .get_details_error_info()
-        .filter(|info| info.domain == reason::DOMAIN);
+    let info = wire::error_info(&answer.details).filter(|info| info.domain == reason::DOMAIN);
     let why = info.as_ref().map(|info| info.reason.as_str());
-    match (why, status.code()) {
+    match (why, code_name_of(answer.code)) {
         (Some(reason::UNKNOWN_PROVIDER), _) => {
             "check --provider against providers[].name in the broker config"
         }
-        (Some(reason::SOURCE_NOT_FOUND), _) | (None, Code::NotFound) => {
+        (Some(reason::SOURCE_NOT_FOUND), _) | (None, "NOT_FOUND") => {
             "the credential's source for this cluster is missing (the message names it); \
              check it and the cluster's client.authentication.k8s.io/exec extension"
         }
-        (_, Code::InvalidArgument) => {
+        (_, "INVALID_ARGUMENT") => {
             "check the ClusterProfile's client.authentication.k8s.io/exec extension"
         }
-        (_, Code::PermissionDenied) => {
+        (_, "PERMISSION_DENIED") => {
             "the broker or the cloud refused this caller/identity; check socket.allowedUids \
              and the identity's permissions"
         }
-        (_, Code::Unavailable | Code::DeadlineExceeded) => {
-            "upstream unavailable; client-go will retry"
-        }
-        (Some(reason::RATE_LIMITED), _) | (None, Code::ResourceExhausted) => {
+        (_, "UNAVAILABLE" | "DEADLINE_EXCEEDED") => "upstream unavailable; client-go will retry",
+        (Some(reason::RATE_LIMITED), _) | (None, "RESOURCE_EXHAUSTED") => {
             "this caller is over the broker's rate limit; client-go will retry, but look for \
              a loop re-running the plugin"
         }
@@ -433,29 +475,12 @@ fn hint(status: &tonic::Status) -> &'static str {
         }
         // No credbroker reason: tonic's own answer for an unknown method, from another gRPC
         // server on this socket (or a broker too old to send reasons).
-        (None, Code::Unimplemented) => "is the socket credbroker's? check the broker's version",
+        (None, "UNIMPLEMENTED") => "is the socket credbroker's? check the broker's version",
         _ => "check the broker's log",
     }
 }
 
-/// An error and its causes joined with ": ". A cause whose text its parent already shows
-/// is left out, and so is tonic's bare "transport error" wrapper when a cause follows.
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next = Some(err);
-    while let Some(e) = next {
-        next = e.source();
-        let text = e.to_string();
-        let wrapper = next.is_some() && text == "transport error";
-        if !wrapper && !parts.last().is_some_and(|last| last.contains(&text)) {
-            parts.push(text);
-        }
-    }
-    parts.join(": ")
-}
-
-/// Resolves the environment, runs on a single-threaded runtime (no worker threads to
-/// start for one call) and returns what to print on stdout.
+/// Resolves the environment, makes the call and returns what to print on stdout.
 fn real_main() -> Result<String, Failure> {
     let args = match parse_args(std::env::args_os().skip(1))? {
         Command::Help => return Ok(HELP.to_owned()),
@@ -465,17 +490,7 @@ fn real_main() -> Result<String, Failure> {
     };
     let socket = resolve_socket(args.socket.as_deref(), std::env::var_os(SOCKET_ENV));
     let exec_info = read_exec_info_env()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            Failure::new(
-                "cannot start",
-                format!("tokio runtime: {e}"),
-                "the container may be out of file descriptors or memory",
-            )
-        })?;
-    let json = runtime.block_on(run(&args, &socket, exec_info.as_deref()))?;
+    let json = run(&args, &socket, exec_info.as_deref())?;
     Ok(json + "\n")
 }
 
@@ -725,6 +740,26 @@ mod tests {
         );
     }
 
+    /// What [`wire::unary`] reads from the broker for `status`: its code, message and
+    /// details, as tonic puts them on the wire.
+    fn answer(status: &tonic::Status) -> Answer {
+        Answer {
+            code: status.code() as i32,
+            message: status.message().to_owned(),
+            details: status.details().to_vec(),
+            body: Vec::new(),
+        }
+    }
+
+    /// [`run`] off the runtime's thread, which serves the fake broker meanwhile.
+    async fn call(args: Args, socket: &Path, exec_info: Option<&str>) -> Result<String, Failure> {
+        let socket = socket.to_path_buf();
+        let exec_info = exec_info.map(str::to_owned);
+        tokio::task::spawn_blocking(move || run(&args, &socket, exec_info.as_deref()))
+            .await
+            .unwrap()
+    }
+
     /// A status as the broker sends it: code, message and an `ErrorInfo` with `reason`.
     fn broker_status(code: tonic::Code, message: &str, reason: &str) -> tonic::Status {
         use tonic_types::StatusExt as _;
@@ -739,7 +774,6 @@ mod tests {
     #[test]
     fn status_codes_get_hints() {
         use credbroker_proto::reason;
-        let socket = Path::new("/s.sock");
         let cases = [
             (
                 tonic::Code::NotFound,
@@ -780,9 +814,8 @@ mod tests {
         ];
         for (code, why, hint) in cases {
             let f = status_failure(
-                &broker_status(code, "provider \"p\", cluster \"c\"", why),
+                &answer(&broker_status(code, "provider \"p\", cluster \"c\"", why)),
                 "p",
-                socket,
             );
             assert_eq!(
                 f.what,
@@ -790,11 +823,14 @@ mod tests {
             );
             assert_eq!(
                 f.why,
-                format!("{}: provider \"p\", cluster \"c\"", code_name(code))
+                format!(
+                    "{}: provider \"p\", cluster \"c\"",
+                    code_name_of(code as i32)
+                )
             );
             assert!(f.hint.contains(hint), "{code:?}: {}", f.hint);
         }
-        let f = status_failure(&tonic::Status::new(tonic::Code::Internal, ""), "p", socket);
+        let f = status_failure(&answer(&tonic::Status::new(tonic::Code::Internal, "")), "p");
         assert_eq!(f.why, "INTERNAL");
         let unknown = broker_status(
             tonic::Code::NotFound,
@@ -802,13 +838,13 @@ mod tests {
             credbroker_proto::reason::UNKNOWN_PROVIDER,
         );
         assert!(
-            status_failure(&unknown, "p", socket)
+            status_failure(&answer(&unknown), "p")
                 .hint
                 .contains("providers[].name")
         );
         let not_ours = tonic::Status::new(tonic::Code::Unimplemented, "");
         assert!(
-            status_failure(&not_ours, "p", socket)
+            status_failure(&answer(&not_ours), "p")
                 .hint
                 .contains("credbroker's")
         );
@@ -817,8 +853,7 @@ mod tests {
     #[test]
     fn hints_follow_the_reason_not_the_text() {
         use credbroker_proto::reason;
-        let socket = Path::new("/s.sock");
-        let hint = |status: tonic::Status| status_failure(&status, "p", socket).hint;
+        let hint = |status: tonic::Status| status_failure(&answer(&status), "p").hint;
         // A source's message that happens to start like an unknown provider's.
         let source = broker_status(
             tonic::Code::NotFound,
@@ -858,39 +893,6 @@ mod tests {
         assert!(hint(other_server).contains("credbroker's"));
     }
 
-    #[derive(Debug)]
-    struct Chained(&'static str, Option<Box<Chained>>);
-
-    impl std::fmt::Display for Chained {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(self.0)
-        }
-    }
-
-    impl std::error::Error for Chained {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            self.1.as_deref().map(|e| e as _)
-        }
-    }
-
-    #[test]
-    fn error_chain_skips_wrappers_and_repeats() {
-        let root = Chained("Broken pipe (os error 32)", None);
-        let hyper = Chained("connection error", Some(Box::new(root)));
-        let tonic = Chained("transport error", Some(Box::new(hyper)));
-        assert_eq!(
-            error_chain(&tonic),
-            "connection error: Broken pipe (os error 32)"
-        );
-        let inner = Chained("refused", None);
-        let outer = Chained("connect: refused", Some(Box::new(inner)));
-        assert_eq!(error_chain(&outer), "connect: refused");
-        assert_eq!(
-            error_chain(&Chained("transport error", None)),
-            "transport error"
-        );
-    }
-
     // ---- against a fake broker on a temporary socket ----
 
     #[derive(Clone, Copy, Debug)]
@@ -898,6 +900,9 @@ mod tests {
         Token,
         NotFound,
         Hang,
+        /// A client certificate and key of 300 KB each: an answer far over HTTP/2's
+        /// initial windows and frame size.
+        Big,
     }
 
     #[derive(Debug)]
@@ -930,6 +935,15 @@ mod tests {
                     credbroker_proto::reason::UNKNOWN_PROVIDER,
                 )),
                 Behaviour::Hang => std::future::pending().await,
+                Behaviour::Big => Ok(tonic::Response::new(GetTokenResponse {
+                    client_certificate_data: "C".repeat(300_000),
+                    client_key_data: "K".repeat(300_000),
+                    expiration_time: Some(prost_types::Timestamp {
+                        seconds: unix_now() + 3600,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                })),
             }
         }
     }
@@ -971,7 +985,7 @@ mod tests {
         let info = r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential",
             "spec":{"interactive":false,"cluster":{"server":"https://c1:6443",
             "certificate-authority-data":"UEVN","config":{"clusterName":"c1","port":443}}}}"#;
-        let out = run(&args(DEFAULT_TIMEOUT), &socket, Some(info))
+        let out = call(args(DEFAULT_TIMEOUT), &socket, Some(info))
             .await
             .unwrap();
 
@@ -1000,7 +1014,7 @@ mod tests {
         let (_dir, socket, seen) = start_fake(Behaviour::Token);
         let info = r#"{"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential","spec":{}}"#;
         for exec_info in [Some(info), None] {
-            let out = run(&args(DEFAULT_TIMEOUT), &socket, exec_info)
+            let out = call(args(DEFAULT_TIMEOUT), &socket, exec_info)
                 .await
                 .unwrap();
             let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -1010,10 +1024,43 @@ mod tests {
         }
     }
 
+    /// Through tonic's own HTTP/2 server: a 300 KB request (CA data, over the initial
+    /// windows, so sent as the server's WINDOW_UPDATEs allow) and a 600 KB answer.
+    #[tokio::test]
+    async fn large_requests_and_answers_cross_whole() {
+        let (_dir, socket, seen) = start_fake(Behaviour::Big);
+        let ca = "Q".repeat(300_000);
+        let info = format!(
+            r#"{{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential",
+            "spec":{{"interactive":false,"cluster":{{"server":"https://c1:6443",
+            "certificate-authority-data":"{ca}"}}}}}}"#
+        );
+        let out = call(args(DEFAULT_TIMEOUT), &socket, Some(&info))
+            .await
+            .unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            doc["status"]["clientCertificateData"]
+                .as_str()
+                .unwrap()
+                .len(),
+            300_000
+        );
+        assert_eq!(
+            doc["status"]["clientKeyData"].as_str().unwrap().len(),
+            300_000
+        );
+        let req = seen.lock().unwrap().clone().unwrap();
+        assert_eq!(
+            req.cluster.unwrap().certificate_authority_data.len(),
+            225_000
+        );
+    }
+
     #[tokio::test]
     async fn not_found_names_the_provider_and_hints() {
         let (_dir, socket, _) = start_fake(Behaviour::NotFound);
-        let f = run(&args(DEFAULT_TIMEOUT), &socket, None)
+        let f = call(args(DEFAULT_TIMEOUT), &socket, None)
             .await
             .unwrap_err();
         assert_eq!(
@@ -1028,7 +1075,7 @@ mod tests {
     async fn hung_broker_times_out_within_the_bound() {
         let (_dir, socket, _) = start_fake(Behaviour::Hang);
         let started = Instant::now();
-        let f = run(&args(Duration::from_millis(300)), &socket, None)
+        let f = call(args(Duration::from_millis(300)), &socket, None)
             .await
             .unwrap_err();
         assert!(
@@ -1059,7 +1106,7 @@ mod tests {
             }
         });
         let started = Instant::now();
-        let f = run(&args(Duration::from_millis(300)), &socket, None)
+        let f = call(args(Duration::from_millis(300)), &socket, None)
             .await
             .unwrap_err();
         assert!(
@@ -1080,7 +1127,7 @@ mod tests {
                 drop(stream);
             }
         });
-        let f = run(&args(Duration::from_secs(5)), &socket, None)
+        let f = call(args(Duration::from_secs(5)), &socket, None)
             .await
             .unwrap_err();
         let line = f.line();
@@ -1099,7 +1146,7 @@ mod tests {
     async fn missing_socket_says_how_to_fix() {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("nope.sock");
-        let f = run(&args(DEFAULT_TIMEOUT), &socket, None)
+        let f = call(args(DEFAULT_TIMEOUT), &socket, None)
             .await
             .unwrap_err();
         assert_eq!(
@@ -1112,7 +1159,7 @@ mod tests {
 
     #[tokio::test]
     async fn bad_exec_info_fails_before_connecting() {
-        let f = run(&args(DEFAULT_TIMEOUT), Path::new("/nope.sock"), Some("{"))
+        let f = call(args(DEFAULT_TIMEOUT), Path::new("/nope.sock"), Some("{"))
             .await
             .unwrap_err();
         assert_eq!(f.what, "cannot use KUBERNETES_EXEC_INFO");
@@ -1130,7 +1177,7 @@ mod tests {
         let e = parse_args(os(&["--provider=a", &format!("--{long}=x")])).unwrap_err();
         assert!(e.line().len() < 300, "{}", e.line());
         let status = tonic::Status::not_found("no such provider");
-        let f = status_failure(&status, &long, Path::new("/s.sock"));
+        let f = status_failure(&answer(&status), &long);
         let line = f.line();
         assert!(
             line.len() < 500 && line.contains("…(100000 bytes)"),
