@@ -29,6 +29,9 @@ pub struct Bench<'a> {
     pub plan: Plan,
     pub broker_bin: PathBuf,
     pub shim_bin: PathBuf,
+    /// `--shim-before`: an earlier shim build, timed beside `shim_bin` in the exec and fleet
+    /// sections, so a change to the shim is measured in one run.
+    pub shim_before: Option<PathBuf>,
     work: tempfile::TempDir,
     pub clouds: Clouds,
     /// The markdown report so far.
@@ -72,6 +75,7 @@ impl<'a> Bench<'a> {
             plan,
             broker_bin,
             shim_bin,
+            shim_before: None,
             work,
             clouds,
             out: String::new(),

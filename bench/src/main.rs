@@ -25,13 +25,14 @@ use std::time::Instant;
 use bench::Bench;
 use plan::Plan;
 
-const USAGE: &str =
-    "usage: credbroker-bench [--smoke] [--bin-dir DIR] [--shim PATH] [--anchor-fleet N]
+const USAGE: &str = "usage: credbroker-bench [--smoke] [--bin-dir DIR] [--shim PATH] [--shim-before PATH]
+                        [--anchor-fleet N] [--only LIST]
 
   --smoke           small N (seconds); what CI runs so the benchmarks keep working
   --bin-dir DIR     where credbroker and credbroker-shim are (default: next to this binary)
   --shim PATH       the shim to time (default: the size-optimised build in
                     target/x86_64-unknown-linux-gnu/shim/ if present, else DIR/credbroker-shim)
+  --shim-before PATH  an earlier shim build, timed beside --shim (exec and fleet sections)
   --anchor-fleet N  clusters in the `aws eks get-token` fleet sample (default 100; 3 in --smoke)
   --only LIST       comma-separated sections: exec,throughput,cold,memory,refresh,fleet,steady,hostile";
 
@@ -39,6 +40,7 @@ fn main() {
     let mut plan = Plan::full();
     let mut bin_dir: Option<PathBuf> = None;
     let mut shim: Option<PathBuf> = None;
+    let mut shim_before: Option<PathBuf> = None;
     let mut anchor_fleet: Option<usize> = None;
     let mut only = Vec::new();
     // The hostile section's attackers: this binary again, under another uid.
@@ -59,6 +61,7 @@ fn main() {
             "--smoke" => plan = Plan::smoke(),
             "--bin-dir" => bin_dir = args.next().map(PathBuf::from),
             "--shim" => shim = args.next().map(PathBuf::from),
+            "--shim-before" => shim_before = args.next().map(PathBuf::from),
             "--anchor-fleet" => anchor_fleet = args.next().and_then(|n| n.parse().ok()),
             "--only" => {
                 only = args
@@ -105,7 +108,7 @@ fn main() {
             bin_dir.join("credbroker-shim")
         }
     });
-    for b in [&broker_bin, &shim_bin] {
+    for b in [&broker_bin, &shim_bin].into_iter().chain(&shim_before) {
         assert!(
             b.is_file(),
             "{} not found: build it first (bench/run.sh does)",
@@ -118,6 +121,7 @@ fn main() {
         .build()
         .expect("runtime");
     let mut bench = Bench::new(&rt, plan, broker_bin, shim_bin);
+    bench.shim_before = shim_before;
     let report = run(&mut bench);
     print!("{report}");
 }

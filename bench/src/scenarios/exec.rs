@@ -1,6 +1,8 @@
 //! Section 1, one exec run: the shim's cache hit next to the spawn floor (`/bin/true`) and
 //! the plugins users run today (`aws eks get-token`, `gke-gcloud-auth-plugin`), each timed
-//! from spawn to exit; plus the same call from the bench without a process.
+//! from spawn to exit; plus the same call from the bench without a process. Then the shim
+//! and `/bin/true` in turn, the ratio taken pair by pair (a drift in the machine's speed
+//! moves both runs of a pair), and an earlier shim (`--shim-before`) the same way.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -13,6 +15,10 @@ use crate::load;
 use crate::procs;
 use crate::stats::{Summary, ms, summarize};
 
+/// The shim's target against `/bin/true`, paired (issue 22): a hand-written HTTP/2 GetToken
+/// measured about 1.16× on this machine, so 1.35× leaves room for what the shim does besides.
+const SHIM_FLOOR_RATIO: f64 = 1.35;
+
 pub fn run(bench: &mut Bench<'_>) {
     progress("shim cache hit vs /bin/true, aws eks get-token, gke-gcloud-auth-plugin");
     let broker = bench.start_broker(10_000);
@@ -21,14 +27,15 @@ pub fn run(bench: &mut Bench<'_>) {
         "spec": {"interactive": false, "cluster": {"server": "https://c1.example.com", "config": {"clusterName": "c1"}}}
     })
     .to_string();
-    let shim = |bench: &Bench<'_>| {
-        let mut c = Command::new(&bench.shim_bin);
+    let shim_of = |bin: &Path| {
+        let mut c = Command::new(bin);
         c.args(["--provider", "hit", "--socket"])
             .arg(&broker.socket)
             .env_clear()
             .env("KUBERNETES_EXEC_INFO", &info);
         c
     };
+    let shim = |bench: &Bench<'_>| shim_of(&bench.shim_bin);
     // Fill the cache: every timed run below is a hit.
     procs::timed_run(&mut shim(bench), "bench-exec-token").expect("first shim run");
     let aws = find_aws();
@@ -79,6 +86,40 @@ pub fn run(bench: &mut Bench<'_>) {
         },
         None => (Vec::new(), None),
     };
+    // In turn: each pair's ratio, then their median.
+    let paired =
+        |a: &mut dyn FnMut() -> Command, b: &mut dyn FnMut() -> Command, expect: [&str; 2]| {
+            let mut ratios = Vec::with_capacity(n);
+            for i in 0..n + 3 {
+                let ta = procs::timed_run(&mut a(), expect[0]).expect("paired run");
+                let tb = procs::timed_run(&mut b(), expect[1]).expect("paired run");
+                if i >= 3 {
+                    ratios.push(ta.as_secs_f64() / tb.as_secs_f64());
+                }
+            }
+            ratios.sort_by(f64::total_cmp);
+            ratios[ratios.len() / 2]
+        };
+    let shim_vs_true = paired(
+        &mut || shim(bench),
+        &mut || Command::new("/bin/true"),
+        ["bench-exec-token", ""],
+    );
+    let before = bench.shim_before.clone().map(|before| {
+        let before_vs_true = paired(
+            &mut || shim_of(&before),
+            &mut || Command::new("/bin/true"),
+            ["bench-exec-token", ""],
+        );
+        let shim_vs_before = paired(
+            &mut || shim(bench),
+            &mut || shim_of(&before),
+            ["bench-exec-token", "bench-exec-token"],
+        );
+        let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let sizes = (size(&before), size(&bench.shim_bin));
+        (before, before_vs_true, shim_vs_before, sizes.0, sizes.1)
+    });
     // The same call without a process: a new connection and one GetToken from this
     // process, to split the shim's time into spawn and round trip.
     let mut t_conn: Vec<Duration> = bench.rt.block_on(async {
@@ -147,11 +188,21 @@ pub fn run(bench: &mut Bench<'_>) {
     let shim_p50 = s_shim.p50.as_secs_f64();
     let _ = writeln!(
         o,
-        "\nTargets: shim median ≤ 1 ms: **{}** ({}); ≤ 1.5× `/bin/true`: **{}** ({:.2}×); ≥ 300× faster than `aws eks get-token`: **{}**; faster than gke-gcloud-auth-plugin's cache hit: **{}**.\n",
+        "\nPaired, {n} pairs after 3 untimed: shim ÷ `/bin/true`, median of the pairs' ratios: **{shim_vs_true:.2}×**."
+    );
+    if let Some((path, before_vs_true, shim_vs_before, before_size, size)) = &before {
+        let _ = writeln!(
+            o,
+            "Earlier shim `{}` ({before_size} bytes; this one {size} bytes): ÷ `/bin/true` {before_vs_true:.2}×; this shim ÷ the earlier one, paired: **{shim_vs_before:.2}×**.",
+            path.display()
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nTargets: shim median ≤ 1 ms: **{}** ({}); ≤ 1.35× `/bin/true`, paired: **{}** ({shim_vs_true:.2}×); ≥ 300× faster than `aws eks get-token`: **{}**; faster than gke-gcloud-auth-plugin's cache hit: **{}**.\n",
         verdict(shim_p50 <= 0.001),
         ms(s_shim.p50),
-        verdict(shim_p50 <= 1.5 * s_true.p50.as_secs_f64()),
-        shim_p50 / s_true.p50.as_secs_f64(),
+        verdict(shim_vs_true <= SHIM_FLOOR_RATIO),
         s_aws.map_or("n/a".to_owned(), |s| format!(
             "{} ({:.0}×)",
             verdict(ratio(&s) >= 300.0),

@@ -2,6 +2,7 @@
 //! shim at once), next to one `aws eks get-token --role-arn` per EKS cluster.
 
 use std::fmt::Write as _;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -9,10 +10,17 @@ use crate::anchors::{self, find_aws};
 use crate::bench::{Bench, ROLE_ARN, V1, progress, verdict};
 use crate::stats::ms;
 
-pub fn run(bench: &mut Bench<'_>) {
-    let (n_eks, n_gke, n_aks) = bench.plan.fleet;
+/// One fleet of shims against a fresh broker: the wall time until the last token, the time
+/// spawning took, the shims that printed a token, and the upstream calls.
+struct Fleet {
+    wall: Duration,
+    spawned: Duration,
+    ok: usize,
+    calls: (u64, u64, u64),
+}
+
+fn shim_fleet(bench: &mut Bench<'_>, shim: &Path) -> Fleet {
     let total = bench.plan.fleet_total();
-    progress(&format!("fleet cold start: {total} shims at once"));
     bench.reset_fakes(Duration::from_secs(3600));
     let broker = bench.start_broker(10_000);
     let mut children = Vec::with_capacity(total);
@@ -25,7 +33,7 @@ pub fn run(bench: &mut Bench<'_>) {
             "spec": {"interactive": false, "cluster": {"server": format!("https://w{i}.example.com"), "config": {"clusterName": format!("{provider}-{i}")}}}
         })
         .to_string();
-        let child = Command::new(&bench.shim_bin)
+        let child = Command::new(shim)
             .args(["--provider", provider, "--socket"])
             .arg(&broker.socket)
             .env_clear()
@@ -46,7 +54,7 @@ pub fn run(bench: &mut Bench<'_>) {
         }
     }
     let wall = started.elapsed();
-    let (sts, mds, entra) = bench.upstream_calls();
+    let calls = bench.upstream_calls();
     drop(broker);
     if ok != total {
         let err = std::fs::read_to_string(bench.w().join("fleet-shims.stderr")).unwrap_or_default();
@@ -56,6 +64,29 @@ pub fn run(bench: &mut Bench<'_>) {
             err.lines().take(5).collect::<Vec<_>>().join("\n")
         ));
     }
+    Fleet {
+        wall,
+        spawned,
+        ok,
+        calls,
+    }
+}
+
+pub fn run(bench: &mut Bench<'_>) {
+    let (n_eks, n_gke, n_aks) = bench.plan.fleet;
+    let total = bench.plan.fleet_total();
+    progress(&format!("fleet cold start: {total} shims at once"));
+    let shim = bench.shim_bin.clone();
+    let Fleet {
+        wall,
+        spawned,
+        ok,
+        calls: (sts, mds, entra),
+    } = shim_fleet(bench, &shim);
+    let before = bench.shim_before.clone().map(|before| {
+        progress(&format!("fleet cold start: {total} earlier shims at once"));
+        (shim_fleet(bench, &before), before)
+    });
 
     // The anchor: one `aws eks get-token --role-arn` process per EKS cluster, all at once
     // (what client-go does on a restart), against the same 200 ms fake STS.
@@ -94,6 +125,18 @@ pub fn run(bench: &mut Bench<'_>) {
         ms(spawned),
         sts + mds + entra
     );
+    if let Some((f, path)) = &before {
+        let (sts, mds, entra) = f.calls;
+        let _ = writeln!(
+            o,
+            "| the earlier shim `{}` | {total} | {} | {} (spawning took {}) | {} |",
+            path.display(),
+            f.ok,
+            ms(f.wall),
+            ms(f.spawned),
+            sts + mds + entra
+        );
+    }
     if let Some((a, aok, awall, calls)) = anchor {
         let scale = n_eks as f64 / a as f64;
         let _ = writeln!(
