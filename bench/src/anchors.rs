@@ -91,7 +91,11 @@ pub struct Built {
 
 /// e2e/anchors.sh's cache: `${CREDBROKER_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/credbroker-e2e}`.
 pub fn e2e_cache() -> PathBuf {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     var("CREDBROKER_E2E_CACHE")
         .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("credbroker-e2e")))
         .unwrap_or_else(|| {
@@ -109,14 +113,13 @@ impl Built {
         let text = std::fs::read_to_string(&env_file).unwrap_or_default();
         let kv: std::collections::BTreeMap<&str, &str> =
             text.lines().filter_map(|l| l.split_once('=')).collect();
-        let bin = |k: &str| {
-            kv.get(k)
-                .map(PathBuf::from)
-                .filter(|p| p.is_file())
-        };
+        let bin = |k: &str| kv.get(k).map(PathBuf::from).filter(|p| p.is_file());
         let versioned = |k: &str| {
             bin(k).map(|p| {
-                let v = kv.get(format!("{k}_VERSION").as_str()).copied().unwrap_or("");
+                let v = kv
+                    .get(format!("{k}_VERSION").as_str())
+                    .copied()
+                    .unwrap_or("");
                 (p, v.to_owned())
             })
         };

@@ -132,7 +132,6 @@ impl Fake {
         self.state.other.store(0, Ordering::SeqCst);
     }
 
-
     /// Lifetime of the credentials issued from now on.
     pub fn set_lifetime(&self, lifetime: Duration) {
         self.state
@@ -196,7 +195,12 @@ impl State {
 /// client sent) as the token endpoint.
 fn openid_configuration(req: &Seen) -> Reply {
     let host = req.header("host").unwrap_or("127.0.0.1");
-    let tenant = req.path.trim_start_matches('/').split('/').next().unwrap_or("");
+    let tenant = req
+        .path
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or("");
     let base = format!("https://{host}/{tenant}");
     Reply::json(
         200,
@@ -243,7 +247,8 @@ impl Hub {
             match req.path.strip_prefix(&prefix) {
                 Some(name) if req.method == "GET" && !name.is_empty() && !name.contains('/') => {
                     c.fetch_add(1, Ordering::SeqCst);
-                    let token = base64::engine::general_purpose::STANDARD.encode(format!("sr-{name}"));
+                    let token =
+                        base64::engine::general_purpose::STANDARD.encode(format!("sr-{name}"));
                     Reply::json(
                         200,
                         &serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": HUB_NAMESPACE}, "type": "Opaque", "data": {"token": token}}),

@@ -177,7 +177,6 @@ pub fn timed_run(cmd: &mut Command, expect: &str) -> Result<Duration, String> {
     Ok(elapsed)
 }
 
-
 /// `credbroker-bench --rusage FILE PROGRAM ARGS...`: runs PROGRAM with this process's
 /// environment and stdio, waits for it, and writes its max RSS in KiB (getrusage of the
 /// children: PROGRAM is the only one) to FILE; exits with its exit code. The anchors section

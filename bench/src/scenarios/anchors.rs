@@ -41,6 +41,9 @@ use serde_json::{Value, json};
 
 use crate::anchors::{Built, gke_cache};
 use crate::bench::{AWS_KEY, AWS_SECRET, Bench, REGION, UPSTREAM_DELAY, V1, progress};
+
+/// The older ExecCredential version aws-iam-authenticator and gke-gcloud-auth-plugin print.
+const V1BETA1: &str = "client.authentication.k8s.io/v1beta1";
 use crate::fakes::{HUB_NAMESPACE, HUB_TOKEN, Hub, Workers};
 use crate::plan::Plan;
 use crate::procs::Broker;
@@ -63,26 +66,58 @@ const IDENTITIES: usize = 3;
 /// session of 1 h renewed 15 min before expiry, GCP and Azure 1 h tokens refreshed at half.
 const BROKER_PER_HOUR: [(&str, f64); 3] = [("AWS role", 1.0 / 0.75), ("GCP", 2.0), ("Azure", 2.0)];
 
-/// A plugin run: program, arguments and its whole environment (it runs with `env_clear`).
+/// A plugin run: program, arguments, its whole environment (it runs with `env_clear`), the
+/// ExecCredential apiVersion its kubeconfig entry names, and the cluster client-go describes
+/// in `KUBERNETES_EXEC_INFO` (`None`: no `provideClusterInfo`).
 #[derive(Debug, Clone)]
 struct Plugin {
     program: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    api_version: &'static str,
+    cluster: Option<String>,
 }
 
 impl Plugin {
-    fn new(program: &Path, args: &[&str], env: Vec<(String, String)>) -> Plugin {
+    fn new(program: &Path, args: &[&str], env: Vec<(String, String)>, cluster: &str) -> Plugin {
         Plugin {
             program: program.to_path_buf(),
             args: args.iter().map(|a| (*a).to_owned()).collect(),
             env,
+            api_version: V1,
+            cluster: Some(cluster.to_owned()),
         }
+    }
+
+    /// A plugin that prints `client.authentication.k8s.io/v1beta1` (client-go refuses an
+    /// answer of another version than its entry names).
+    fn v1beta1(mut self) -> Plugin {
+        self.api_version = V1BETA1;
+        self
+    }
+
+    /// An entry without `provideClusterInfo`.
+    fn without_cluster_info(mut self) -> Plugin {
+        self.cluster = None;
+        self
+    }
+
+    /// What client-go puts in `KUBERNETES_EXEC_INFO` for this entry.
+    fn exec_info(&self) -> String {
+        let mut spec = json!({"interactive": false});
+        if let Some(c) = &self.cluster {
+            spec["cluster"] =
+                json!({"server": format!("https://{c}.example.com"), "config": {"clusterName": c}});
+        }
+        json!({"apiVersion": self.api_version, "kind": "ExecCredential", "spec": spec}).to_string()
     }
 
     fn command(&self) -> Command {
         let mut c = Command::new(&self.program);
-        c.args(&self.args).env_clear().envs(self.env.iter().cloned());
+        c.args(&self.args)
+            .env_clear()
+            .envs(self.env.iter().cloned())
+            .env("KUBERNETES_EXEC_INFO", self.exec_info());
         c
     }
 
@@ -95,17 +130,18 @@ impl Plugin {
             .arg(&self.program)
             .args(&self.args)
             .env_clear()
-            .envs(self.env.iter().cloned());
+            .envs(self.env.iter().cloned())
+            .env("KUBERNETES_EXEC_INFO", self.exec_info());
         c
     }
 
     /// The kubeconfig `user.exec` entry that runs it (client-go adds the process's env).
     fn exec_entry(&self) -> Value {
         json!({
-            "apiVersion": V1,
+            "apiVersion": self.api_version,
             "command": self.program,
             "args": self.args,
-            "provideClusterInfo": true,
+            "provideClusterInfo": self.cluster.is_some(),
             "interactiveMode": "Never",
         })
     }
@@ -116,14 +152,6 @@ fn kv(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect()
-}
-
-fn exec_info(cluster: &str) -> String {
-    json!({
-        "apiVersion": V1, "kind": "ExecCredential",
-        "spec": {"interactive": false, "cluster": {"server": format!("https://{cluster}.example.com"), "config": {"clusterName": cluster}}}
-    })
-    .to_string()
 }
 
 /// One run, timed from spawn to exit (stdout and stderr read to the end), killed after
@@ -139,7 +167,9 @@ fn run_plugin(cmd: &mut Command, expect: &str) -> Result<(Duration, String), Str
     let pid = child.id();
     let watchdog = std::thread::spawn(move || {
         if wait_done.recv_timeout(RUN_TIMEOUT).is_err() {
-            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
         }
     });
     let err_pipe = child.stderr.take();
@@ -174,13 +204,19 @@ fn run_plugin(cmd: &mut Command, expect: &str) -> Result<(Duration, String), Str
 fn printed_lifetime(stdout: &str) -> Option<Duration> {
     let v: Value = serde_json::from_str(stdout.trim()).ok()?;
     let at = v["status"]["expirationTimestamp"].as_str()?;
-    let at = time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()?;
+    let at =
+        time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()?;
     let now = time::OffsetDateTime::from(SystemTime::now());
-    Some(Duration::from_secs_f64((at - now).as_seconds_f64().max(0.0)))
+    Some(Duration::from_secs_f64(
+        (at - now).as_seconds_f64().max(0.0),
+    ))
 }
 
 /// What a cleanup-on-drop a miss run needs (credbroker's fresh broker).
 type Guard = Option<Broker>;
+
+/// A fleet: cluster `i`'s plugin.
+type FleetPlugin<'a> = Box<dyn Fn(usize) -> Plugin + 'a>;
 
 /// One row's plugin, how it is run, and how its upstream calls are counted.
 struct Anchor<'a> {
@@ -196,7 +232,7 @@ struct Anchor<'a> {
     calls: Box<dyn Fn() -> u64 + 'a>,
     /// The fleet: cluster `i`'s plugin (all share the environment of cluster 0's), the
     /// identities it spreads them over, and what those are.
-    fleet: Option<(Box<dyn Fn(usize) -> Plugin + 'a>, usize, &'static str)>,
+    fleet: Option<(FleetPlugin<'a>, usize, &'static str)>,
     /// Why there is no fleet run, when there is none.
     no_fleet: &'static str,
     note: String,
@@ -337,11 +373,7 @@ fn run_fleet(
         "clusters": clusters, "users": users, "contexts": contexts});
     std::fs::write(&kubeconfig, doc.to_string()).map_err(|e| format!("kubeconfig: {e}"))?;
     // The fleet process's environment is the plugins': client-go passes its own on.
-    let env: Vec<(String, String)> = plugin(0)
-        .env
-        .into_iter()
-        .filter(|(k, _)| k != "KUBERNETES_EXEC_INFO")
-        .collect();
+    let env = plugin(0).env;
     let stderr = std::fs::File::create(dir.join("fleet.stderr")).map_err(|e| e.to_string())?;
     workers.reset();
     let before = calls();
@@ -363,7 +395,9 @@ fn run_fleet(
             .recv_timeout(FLEET_TIMEOUT + Duration::from_secs(30))
             .is_err()
         {
-            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
         }
     });
     let out = child.wait_with_output();
@@ -441,15 +475,22 @@ pub fn run(bench: &mut Bench<'_>) {
         let shim_plugin = |socket: &Path, provider: &str, cluster: &str| {
             Plugin::new(
                 &shim,
-                &["--provider", provider, "--socket", &socket.display().to_string()],
-                kv(&[("KUBERNETES_EXEC_INFO", &exec_info(cluster))]),
+                &[
+                    "--provider",
+                    provider,
+                    "--socket",
+                    &socket.display().to_string(),
+                ],
+                Vec::new(),
+                cluster,
             )
         };
         let a = Anchor {
             name: "**credbroker** (shim + broker)".to_owned(),
             how: format!(
                 "this tree: `{}` against the release broker; `eks` provider (role, AssumeRole)",
-                shim.file_name().map_or(String::new(), |f| f.to_string_lossy().into_owned())
+                shim.file_name()
+                    .map_or(String::new(), |f| f.to_string_lossy().into_owned())
             ),
             hit: Some(shim_plugin(&broker.socket, "eks", "c1")),
             miss: Box::new(|_| {
@@ -471,12 +512,19 @@ pub fn run(bench: &mut Bench<'_>) {
             bench.reset_fakes(Duration::from_secs(3600));
             let broker = bench.start_broker(10_000);
             let providers = ["eks", "gke", "aks"];
-            let plugin = |i: usize| shim_plugin(&broker.socket, providers[i % 3], "unused");
+            let plugin = |i: usize| shim_plugin(&broker.socket, providers[i % 3], &format!("w{i}"));
             let all_calls = || {
                 let (s, m, e) = clouds.calls();
                 s + m + e
             };
-            match run_fleet(fleet_bin, &w.join("fleet-credbroker"), &workers, n, &plugin, &all_calls) {
+            match run_fleet(
+                fleet_bin,
+                &w.join("fleet-credbroker"),
+                &workers,
+                n,
+                &plugin,
+                &all_calls,
+            ) {
                 Ok(f) => row.fleet = Some(f),
                 Err(e) => row.no_fleet = format!("fleet failed: {e}"),
             }
@@ -499,7 +547,7 @@ pub fn run(bench: &mut Bench<'_>) {
     // aws-iam-authenticator.
     match &built.aws_iam_authenticator {
         Some((bin, version)) => {
-            let env = |home: &Path, cluster: &str, sts: bool| {
+            let env = |home: &Path, sts: bool| {
                 let h = home.display().to_string();
                 let mut e = kv(&[
                     ("PATH", "/usr/bin:/bin"),
@@ -510,7 +558,6 @@ pub fn run(bench: &mut Bench<'_>) {
                     ("AWS_CONFIG_FILE", &format!("{h}/none")),
                     ("AWS_SHARED_CREDENTIALS_FILE", &format!("{h}/none")),
                     ("AWS_EC2_METADATA_DISABLED", "true"),
-                    ("KUBERNETES_EXEC_INFO", &exec_info(cluster)),
                 ]);
                 if sts {
                     e.push(("AWS_ENDPOINT_URL_STS".to_owned(), clouds.sts.url()));
@@ -518,11 +565,13 @@ pub fn run(bench: &mut Bench<'_>) {
                 e
             };
             let static_plugin = |home: &Path, cluster: &str| {
-                Plugin::new(bin, &["token", "-i", cluster], env(home, cluster, false))
+                Plugin::new(bin, &["token", "-i", cluster], env(home, false), cluster).v1beta1()
             };
             let a = Anchor {
                 name: format!("`aws-iam-authenticator token -i` {version}, static keys"),
-                how: format!("{version}, `go build` of a wrapper module requiring it (e2e/anchors.sh); fake static keys: local signing, no network"),
+                how: format!(
+                    "{version}, `go build` of a wrapper module requiring it (e2e/anchors.sh); fake static keys: local signing, no network"
+                ),
                 hit: None,
                 miss: Box::new(|i| (static_plugin(&fresh("aia-static", i), "c1"), None)),
                 expect: "k8s-aws-v1.",
@@ -540,8 +589,10 @@ pub fn run(bench: &mut Bench<'_>) {
                 Plugin::new(
                     bin,
                     &["token", "-i", cluster, "-r", role, "--cache"],
-                    env(home, cluster, true),
+                    env(home, true),
+                    cluster,
                 )
+                .v1beta1()
             };
             let a = Anchor {
                 name: format!("`aws-iam-authenticator token -i -r ROLE --cache` {version}"),
@@ -556,7 +607,7 @@ pub fn run(bench: &mut Bench<'_>) {
                     "3 role ARNs",
                 )),
                 no_fleet: "",
-                note: "`--cache` caches the *base* credentials (here static keys, which cannot expire: nothing cached) before the role is assumed, so every run makes an AssumeRole".to_owned(),
+                note: "2 AssumeRole calls per run: v0.7.13's pkg/token hands the STS client the bare stscreds provider (no aws.CredentialsCache around it) and a presign retrieves credentials twice, in the SDK's identity resolution and again in its presign middleware; `--cache` caches the *base* credentials (here static keys, which cannot expire: nothing cached) before the role is assumed, so every run makes an AssumeRole".to_owned(),
             };
             rows.push(with_fleet(&plan, &a, &built, &w, &workers, &not_built));
         }
@@ -597,27 +648,40 @@ pub fn run(bench: &mut Bench<'_>) {
                         ("PATH", "/usr/bin:/bin"),
                         ("HOME", &h),
                         ("SSL_CERT_FILE", &ca_s),
-                        ("KUBERNETES_EXEC_INFO", &exec_info("c1")),
                     ]),
+                    "c1",
                 )
+                // kubelogin v0.2.21 refuses a KUBERNETES_EXEC_INFO whose cluster has a
+                // `config` (it unmarshals it into a runtime.Object); its users' kubeconfigs
+                // have no provideClusterInfo, and it needs no cluster.
+                .without_cluster_info()
             };
             let hit_home = fresh("kubelogin-hit", 0);
             let fleet_home = fresh("kubelogin-fleet", 0);
             let a = Anchor {
                 name: format!("`kubelogin get-token --login workloadidentity` {version}"),
-                how: format!("{version} (v0.2.22 needs go ≥ 1.26.10, this machine has 1.26.8), wrapper module; Entra at the fake through `--authority-host` (`AZURE_AUTHORITY_HOST`), `--disable-instance-discovery`, the fake's CA in `SSL_CERT_FILE`; its persistent token cache (azidentity/cache: a file under `$HOME/.cache`, key in the user keyring)"),
+                how: format!(
+                    "{version} (v0.2.22 needs go ≥ 1.26.10, this machine has 1.26.8), wrapper module; Entra at the fake through `--authority-host` (`AZURE_AUTHORITY_HOST`), `--disable-instance-discovery`, the fake's CA in `SSL_CERT_FILE`; its persistent token cache (azidentity/cache: a file under `$HOME/.cache`, key in the user keyring)"
+                ),
                 hit: Some(plugin(&hit_home, 0)),
                 miss: Box::new(|i| (plugin(&fresh("kubelogin-miss", i), 0), None)),
                 expect: "\"token\"",
                 calls: Box::new(|| clouds.entra.calls()),
-                fleet: Some((Box::new(|i| plugin(&fleet_home, i % IDENTITIES)), IDENTITIES, "3 client IDs, one cache (one HOME) for the fleet")),
+                fleet: Some((
+                    Box::new(|i| plugin(&fleet_home, i % IDENTITIES)),
+                    IDENTITIES,
+                    "3 client IDs, one cache (one HOME) for the fleet",
+                )),
                 no_fleet: "",
                 note: String::new(),
             };
             let other0 = clouds.entra.other_requests();
             let mut row = with_fleet(&plan, &a, &built, &w, &workers, &not_built);
             let other = clouds.entra.other_requests() - other0;
-            let _ = write!(row.note, "{other} OpenID-configuration reads beside the token calls (answered at once)");
+            let _ = write!(
+                row.note,
+                "{other} OpenID-configuration reads beside the token calls (answered at once)"
+            );
             rows.push(row);
         }
         None => missing.push(("`kubelogin`".to_owned(), not_built("KUBELOGIN"))),
@@ -640,9 +704,10 @@ pub fn run(bench: &mut Bench<'_>) {
                 kv(&[
                     ("PATH", "/usr/bin:/bin"),
                     ("HOME", &hit_home.display().to_string()),
-                    ("KUBERNETES_EXEC_INFO", &exec_info("c1")),
                 ]),
-            );
+                "c1",
+            )
+            .v1beta1();
             let adc = |home: &Path, cluster: &str| {
                 Plugin::new(
                     bin,
@@ -651,9 +716,10 @@ pub fn run(bench: &mut Bench<'_>) {
                         ("PATH", "/usr/bin:/bin"),
                         ("HOME", &home.display().to_string()),
                         ("GCE_METADATA_HOST", &clouds.metadata.host()),
-                        ("KUBERNETES_EXEC_INFO", &exec_info(cluster)),
                     ]),
+                    cluster,
                 )
+                .v1beta1()
             };
             let fleet_home = fresh("gke-fleet", 0);
             let a = Anchor {
@@ -686,18 +752,25 @@ pub fn run(bench: &mut Bench<'_>) {
                         ("PATH", "/usr/bin:/bin"),
                         ("HOME", &w.display().to_string()),
                         ("KUBECONFIG", &hub_kubeconfig.display().to_string()),
-                        ("KUBERNETES_EXEC_INFO", &exec_info(cluster)),
                     ]),
+                    cluster,
                 )
             };
             let a = Anchor {
                 name: format!("cluster-inventory-api `secretreader` {version}"),
-                how: format!("{version}, the binary e2e/peers.sh builds (same recipe, e2e/gowrap.sh); `KUBECONFIG` to a fake hub API server (HTTPS, checks the bearer token and the Secret's path) whose Secret read answers after {} ms", UPSTREAM_DELAY.as_millis()),
+                how: format!(
+                    "{version}, the binary e2e/peers.sh builds (same recipe, e2e/gowrap.sh); `KUBECONFIG` to a fake hub API server (HTTPS, checks the bearer token and the Secret's path) whose Secret read answers after {} ms",
+                    UPSTREAM_DELAY.as_millis()
+                ),
                 hit: None,
                 miss: Box::new(|_| (plugin("c1"), None)),
                 expect: "sr-c1",
                 calls: Box::new(|| hub.calls()),
-                fleet: Some((Box::new(|i| plugin(&format!("w{i}"))), 1, "1 hub reader; a Secret per cluster")),
+                fleet: Some((
+                    Box::new(|i| plugin(&format!("w{i}"))),
+                    1,
+                    "1 hub reader; a Secret per cluster",
+                )),
                 no_fleet: "",
                 note: String::new(),
             };
@@ -738,9 +811,19 @@ fn with_fleet(
         row.fleet_what = what;
         match &built.fleet {
             Some(fleet_bin) => {
-                progress(&format!("anchors: fleet of {} × {}", plan.anchors_fleet, a.name));
+                progress(&format!(
+                    "anchors: fleet of {} × {}",
+                    plan.anchors_fleet, a.name
+                ));
                 let dir = w.join(format!("fleet-{}", plan_slug(&a.name)));
-                match run_fleet(fleet_bin, &dir, workers, plan.anchors_fleet, plugin.as_ref(), a.calls.as_ref()) {
+                match run_fleet(
+                    fleet_bin,
+                    &dir,
+                    workers,
+                    plan.anchors_fleet,
+                    plugin.as_ref(),
+                    a.calls.as_ref(),
+                ) {
                     Ok(f) => row.fleet = Some(f),
                     Err(e) => row.no_fleet = format!("fleet failed: {e}"),
                 }
@@ -763,7 +846,8 @@ fn steady(row: &mut Row) {
     let Some(l) = row.lifetime.filter(|l| l.as_secs() > 0) else {
         if row.miss.is_some() {
             row.per_hour = Some(0.0);
-            row.per_hour_text = "0 (no expiry printed: client-go keeps the token until a 401)".to_owned();
+            row.per_hour_text =
+                "0 (no expiry printed: client-go keeps the token until a 401)".to_owned();
         }
         return;
     };
@@ -815,8 +899,12 @@ fn report(plan: &Plan, rows: &[Row], missing: &[(String, String)]) -> String {
         "| plugin | exec, hit: median / p99 | exec, miss: median / p99 | upstream calls per exec (hit / miss) | fleet cold start, {n} clusters: wall | fleet: upstream calls | calls per identity per hour, steady | memory: max RSS × {n} processes |\n|---|---:|---:|---:|---:|---:|---:|---:|"
     );
     let base = rows.first();
-    let b_hit = base.and_then(|b| b.hit).map_or(0.0, |s| s.p50.as_secs_f64());
-    let b_miss = base.and_then(|b| b.miss).map_or(0.0, |s| s.p50.as_secs_f64());
+    let b_hit = base
+        .and_then(|b| b.hit)
+        .map_or(0.0, |s| s.p50.as_secs_f64());
+    let b_miss = base
+        .and_then(|b| b.miss)
+        .map_or(0.0, |s| s.p50.as_secs_f64());
     let b_wall = base
         .and_then(|b| b.fleet.as_ref())
         .map_or(0.0, |f| f.wall.as_secs_f64());
@@ -831,22 +919,42 @@ fn report(plan: &Plan, rows: &[Row], missing: &[(String, String)]) -> String {
         let is_base = i == 0;
         let rt = |v: f64, b: f64| if is_base { String::new() } else { ratio(v, b) };
         if let Some(e) = &r.error {
-            let _ = writeln!(o, "| {} | failed: {} | | | | | | |", r.name, e.replace('|', "/"));
+            let _ = writeln!(
+                o,
+                "| {} | failed: {} | | | | | | |",
+                r.name,
+                e.replace('|', "/")
+            );
             continue;
         }
         let hit = match (r.hit, r.hit_is_miss) {
-            (Some(s), false) => format!("{} / {}{}", ms(s.p50), ms(s.p99), rt(s.p50.as_secs_f64(), b_hit)),
+            (Some(s), false) => format!(
+                "{} / {}{}",
+                ms(s.p50),
+                ms(s.p99),
+                rt(s.p50.as_secs_f64(), b_hit)
+            ),
             (Some(s), true) => format!("no cache: = miss{}", rt(s.p50.as_secs_f64(), b_hit)),
             (None, _) => "n/a".to_owned(),
         };
         let miss = r.miss.map_or("n/a".to_owned(), |s| {
-            format!("{} / {}{}", ms(s.p50), ms(s.p99), rt(s.p50.as_secs_f64(), b_miss))
+            format!(
+                "{} / {}{}",
+                ms(s.p50),
+                ms(s.p99),
+                rt(s.p50.as_secs_f64(), b_miss)
+            )
         });
         let calls = format!("{:.2} / {:.2}", r.hit_calls, r.miss_calls);
         let (wall, fcalls) = match &r.fleet {
             Some(f) => {
                 let fails = if f.failed > 0 || f.ok != f.clusters {
-                    format!(", **{} of {} failed**: {}", f.failed, f.clusters, f.first_error.replace('|', "/"))
+                    format!(
+                        ", **{} of {} failed**: {}",
+                        f.failed,
+                        f.clusters,
+                        f.first_error.replace('|', "/")
+                    )
                 } else {
                     String::new()
                 };
@@ -872,11 +980,20 @@ fn report(plan: &Plan, rows: &[Row], missing: &[(String, String)]) -> String {
                 let broker = r
                     .broker_rss_kib
                     .map_or(String::new(), |b| format!(" + broker {}", kib(b)));
-                format!("{} × {n}{broker} = {}{}", kib(k), kib(total), rt(total as f64, b_mem))
+                format!(
+                    "{} × {n}{broker} = {}{}",
+                    kib(k),
+                    kib(total),
+                    rt(total as f64, b_mem)
+                )
             }
             None => "n/a".to_owned(),
         };
-        let _ = writeln!(o, "| {} | {hit} | {miss} | {calls} | {wall} | {fcalls} | {hour} | {mem} |", r.name);
+        let _ = writeln!(
+            o,
+            "| {} | {hit} | {miss} | {calls} | {wall} | {fcalls} | {hour} | {mem} |",
+            r.name
+        );
     }
     for (name, why) in missing {
         let _ = writeln!(o, "| {name} | {why} | | | | | | |");
