@@ -26,13 +26,14 @@ use bench::Bench;
 use plan::Plan;
 
 const USAGE: &str =
-    "usage: credbroker-bench [--smoke] [--bin-dir DIR] [--shim PATH] [--anchor-fleet N] [--anchors-env FILE]
+    "usage: credbroker-bench [--smoke] [--bin-dir DIR] [--shim PATH] [--anchor-fleet N] [--anchors-fleet N] [--anchors-env FILE]
 
   --smoke           small N (seconds); what CI runs so the benchmarks keep working
   --bin-dir DIR     where credbroker and credbroker-shim are (default: next to this binary)
   --shim PATH       the shim to time (default: the size-optimised build in
                     target/x86_64-unknown-linux-gnu/shim/ if present, else DIR/credbroker-shim)
   --anchor-fleet N  clusters in the `aws eks get-token` fleet sample (default 100; 3 in --smoke)
+  --anchors-fleet N clusters of the anchors section's client-go fleet (default 1000; 6 in --smoke)
   --anchors-env FILE  e2e/anchors.sh's list of built anchors (default: anchors.env in its cache,
                     ${CREDBROKER_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/credbroker-e2e})
   --only LIST       comma-separated sections: exec,throughput,cold,memory,refresh,fleet,steady,hostile,anchors";
@@ -43,6 +44,7 @@ fn main() {
     let mut shim: Option<PathBuf> = None;
     let mut anchor_fleet: Option<usize> = None;
     let mut anchors_env: Option<PathBuf> = None;
+    let mut anchors_fleet: Option<usize> = None;
     let mut only = Vec::new();
     // The hostile section's attackers: this binary again, under another uid.
     let argv: Vec<String> = std::env::args().collect();
@@ -71,6 +73,7 @@ fn main() {
             "--shim" => shim = args.next().map(PathBuf::from),
             "--anchor-fleet" => anchor_fleet = args.next().and_then(|n| n.parse().ok()),
             "--anchors-env" => anchors_env = args.next().map(PathBuf::from),
+            "--anchors-fleet" => anchors_fleet = args.next().and_then(|n| n.parse().ok()),
             "--only" => {
                 only = args
                     .next()
@@ -106,6 +109,9 @@ fn main() {
     }
     plan.only = only;
     plan.anchors_env = anchors_env;
+    if let Some(n) = anchors_fleet {
+        plan.anchors_fleet = n;
+    }
     let exe = std::env::current_exe().expect("current_exe");
     let bin_dir = bin_dir.unwrap_or_else(|| exe.parent().expect("exe dir").to_path_buf());
     let broker_bin = bin_dir.join("credbroker");

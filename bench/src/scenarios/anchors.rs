@@ -1,4 +1,4 @@
-//! Section 8, the anchors: the exec plugins users would run instead of credbroker, built by
+//! Section 9, the anchors: the exec plugins users would run instead of credbroker, built by
 //! e2e/anchors.sh from the Go module proxy at pinned versions (gke-gcloud-auth-plugin from the
 //! Debian package: the proxy refuses its module), measured side by side with credbroker on the
 //! same fakes in one table. The bench never builds them: a plugin e2e/anchors.sh has not built
@@ -28,7 +28,9 @@
 //!   its hour ends.
 //! - **memory**: max RSS of one plugin process (getrusage of the children, the plugin run
 //!   under `credbroker-bench --rusage`, untimed) × the fleet's processes (each cluster runs
-//!   its own); credbroker adds the broker's VmRSS after its fleet run.
+//!   its own; an upper bound: RSS counts the binary's shared pages in each); credbroker adds
+//!   the broker's VmRSS after its fleet run. Beside it, the notes give how far the machine's
+//!   MemAvailable fell during each fleet run.
 //! - **ratios**: each cell ÷ credbroker's cell of the same column, from the same run.
 
 use std::fmt::Write as _;
@@ -272,6 +274,18 @@ struct Fleet {
     wall: Duration,
     upstream_calls: u64,
     children_max_rss_kib: u64,
+    /// How far the machine's MemAvailable fell below its value at the start, at worst during
+    /// the run (sampled every 50 ms; the machine is shared, so a rough figure).
+    mem_drop_kib: u64,
+}
+
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn block(plan: &Plan, a: &Anchor<'_>) -> Row {
@@ -334,15 +348,30 @@ fn block(plan: &Plan, a: &Anchor<'_>) -> Row {
     }
     // Max RSS: one more miss, untimed, under the rusage probe.
     let (p, guard) = (a.miss)(plan.anchors_misses);
-    let file = std::env::temp_dir().join(format!("credbroker-bench-rss-{}", std::process::id()));
-    if run_plugin(&mut p.under_rusage(&file), a.expect).is_ok() {
-        row.rss_kib = std::fs::read_to_string(&file)
-            .ok()
-            .and_then(|s| s.trim().parse().ok());
-    }
-    let _ = std::fs::remove_file(&file);
+    row.rss_kib = max_rss(&p, a.expect);
     drop(guard);
     row
+}
+
+/// The plugin's max RSS under the `--rusage` probe. Linux records the max RSS of the address
+/// space an exec replaces too, which for a vfork'd child is the probe's own: a plugin whose
+/// figure is the probe's floor ([`probe_floor`]) used at most that much.
+fn max_rss(p: &Plugin, expect: &str) -> Option<u64> {
+    let file = std::env::temp_dir().join(format!("credbroker-bench-rss-{}", std::process::id()));
+    let kib = run_plugin(&mut p.under_rusage(&file), expect)
+        .ok()
+        .and_then(|_| std::fs::read_to_string(&file).ok())
+        .and_then(|s| s.trim().parse().ok());
+    let _ = std::fs::remove_file(&file);
+    kib
+}
+
+/// The probe's floor: `/bin/true` under it.
+fn probe_floor() -> Option<u64> {
+    max_rss(
+        &Plugin::new(Path::new("/bin/true"), &[], Vec::new(), "c1"),
+        "",
+    )
 }
 
 /// Runs e2e/cmd/fleet over `n` clusters, cluster `i` served by `plugin(i)`.
@@ -387,22 +416,33 @@ fn run_fleet(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(stderr);
+    let mem_start = mem_available_kib();
     let child = cmd.spawn().map_err(|e| format!("spawn fleet: {e}"))?;
     let pid = child.id();
     let (done, wait_done) = mpsc::channel::<()>();
+    // Kills a stuck fleet; samples MemAvailable meanwhile.
     let watchdog = std::thread::spawn(move || {
-        if wait_done
-            .recv_timeout(FLEET_TIMEOUT + Duration::from_secs(30))
-            .is_err()
-        {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
+        let deadline = Instant::now() + FLEET_TIMEOUT + Duration::from_secs(30);
+        let mut low = mem_start;
+        loop {
+            match wait_done.recv_timeout(Duration::from_millis(50)) {
+                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {
+                    low = low.min(mem_available_kib());
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = Command::new("kill")
+                        .args(["-KILL", &pid.to_string()])
+                        .status();
+                    break;
+                }
+                _ => break,
+            }
         }
+        mem_start.saturating_sub(low)
     });
     let out = child.wait_with_output();
     let _ = done.send(());
-    let _ = watchdog.join();
+    let mem_drop_kib = watchdog.join().unwrap_or(0);
     let out = out.map_err(|e| format!("fleet: {e}"))?;
     let upstream_calls = calls() - before;
     let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
@@ -427,10 +467,12 @@ fn run_fleet(
         wall: Duration::from_secs_f64(v["wall_ms"].as_f64().unwrap_or(0.0) / 1e3),
         upstream_calls,
         children_max_rss_kib: num("children_max_rss_kib"),
+        mem_drop_kib,
     })
 }
 
 pub fn run(bench: &mut Bench<'_>) {
+    let floor = probe_floor();
     let built = Built::load(bench.plan.anchors_env.as_deref());
     let plan = bench.plan.clone();
     let w = bench.w().to_path_buf();
@@ -488,7 +530,7 @@ pub fn run(bench: &mut Bench<'_>) {
         let a = Anchor {
             name: "**credbroker** (shim + broker)".to_owned(),
             how: format!(
-                "this tree: `{}` against the release broker; `eks` provider (role, AssumeRole)",
+                "this tree: `{}` against the broker of the header; `eks` provider (role, AssumeRole)",
                 shim.file_name()
                     .map_or(String::new(), |f| f.to_string_lossy().into_owned())
             ),
@@ -661,7 +703,7 @@ pub fn run(bench: &mut Bench<'_>) {
             let a = Anchor {
                 name: format!("`kubelogin get-token --login workloadidentity` {version}"),
                 how: format!(
-                    "{version} (v0.2.22 needs go ≥ 1.26.10, this machine has 1.26.8), wrapper module; Entra at the fake through `--authority-host` (`AZURE_AUTHORITY_HOST`), `--disable-instance-discovery`, the fake's CA in `SSL_CERT_FILE`; its persistent token cache (azidentity/cache: a file under `$HOME/.cache`, key in the user keyring)"
+                    "{version} (v0.2.22 needs go ≥ 1.26.10, this machine has 1.26.8), wrapper module; Entra at the fake through `--authority-host` (`AZURE_AUTHORITY_HOST`), `--disable-instance-discovery`, the fake's CA in `SSL_CERT_FILE`; its persistent token cache (azidentity/cache: an encrypted file under `$HOME/.cache`, its key `msal.cache` in the uid's persistent kernel keyring, which outlives the run: reused by the next one, gone with the keyring); the cache's set-up is serialised across processes by a file lock (`cache-test.lock`)"
                 ),
                 hit: Some(plugin(&hit_home, 0)),
                 miss: Box::new(|i| (plugin(&fresh("kubelogin-miss", i), 0), None)),
@@ -790,7 +832,7 @@ pub fn run(bench: &mut Bench<'_>) {
         steady(row);
     }
     bench.reset_fakes(Duration::from_secs(3600));
-    let o = report(&plan, &rows, &missing);
+    let o = report(&plan, &rows, &missing, floor);
     bench.out.push_str(&o);
 }
 
@@ -884,12 +926,12 @@ fn kib(k: u64) -> String {
     }
 }
 
-fn report(plan: &Plan, rows: &[Row], missing: &[(String, String)]) -> String {
+fn report(plan: &Plan, rows: &[Row], missing: &[(String, String)], floor: Option<u64>) -> String {
     let n = plan.anchors_fleet;
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "## 8. Anchors: the plugins users would run instead, side by side\n\nOne run, the same fakes for every row (each credential call answered after {} ms). Exec: {} hits (after {WARMUP} untimed runs) and {} misses per row, median / p99; a plugin without a cache has no hit (hit = miss). Fleet: e2e/cmd/fleet (client-go) reaching {n} clusters at once, one exec user per cluster. Calls per identity per hour: fleet upstream calls ÷ identities × 3600 s ÷ the lifetime the plugin printed (client-go runs every cluster's plugin again at that expiry, together); credbroker: its cache's schedule (section 7). Memory: max RSS of one plugin process × {n} processes (credbroker: + the broker). (N×): ÷ credbroker's cell.\n",
+        "## 9. Anchors: the plugins users would run instead, side by side\n\nOne run, the same fakes for every row (each credential call answered after {} ms). Exec: {} hits (after {WARMUP} untimed runs) and {} misses per row, median / p99; a plugin without a cache has no hit (hit = miss). Fleet: e2e/cmd/fleet (client-go) reaching {n} clusters at once, one exec user per cluster. Calls per identity per hour: fleet upstream calls ÷ identities × 3600 s ÷ the lifetime the plugin printed (client-go runs every cluster's plugin again at that expiry, together); credbroker: its cache's schedule (section 7). Memory: max RSS of one plugin process × {n} processes (credbroker: + the broker). (N×): ÷ credbroker's cell.\n",
         UPSTREAM_DELAY.as_millis(),
         plan.anchors_hits,
         plan.anchors_misses
@@ -974,14 +1016,16 @@ fn report(plan: &Plan, rows: &[Row], missing: &[(String, String)]) -> String {
             Some(v) if !is_base => format!("{}{}", r.per_hour_text, ratio(v, b_hour)),
             _ => r.per_hour_text.clone(),
         };
+        let at_floor = |k: u64| floor.is_some_and(|f| k <= f + f / 20);
         let mem = match r.rss_kib {
             Some(k) => {
+                let le = if at_floor(k) { "≤ " } else { "" };
                 let total = k * n as u64 + r.broker_rss_kib.unwrap_or(0);
                 let broker = r
                     .broker_rss_kib
                     .map_or(String::new(), |b| format!(" + broker {}", kib(b)));
                 format!(
-                    "{} × {n}{broker} = {}{}",
+                    "{le}{} × {n}{broker} = {le}{}{}",
                     kib(k),
                     kib(total),
                     rt(total as f64, b_mem)
@@ -998,6 +1042,13 @@ fn report(plan: &Plan, rows: &[Row], missing: &[(String, String)]) -> String {
     for (name, why) in missing {
         let _ = writeln!(o, "| {name} | {why} | | | | | | |");
     }
+    if let Some(f) = floor {
+        let _ = writeln!(
+            o,
+            "\nMax RSS is measured under a probe process (`credbroker-bench --rusage`); Linux counts the probe's own address space, replaced by the exec, in the child's figure, so `/bin/true` measures {} under it: a figure at that floor reads \"≤\".",
+            kib(f)
+        );
+    }
     let _ = writeln!(o, "\nHow each row was built and pointed at the fakes:\n");
     for r in rows {
         let mut line = format!("- {}: {}", r.name, r.how);
@@ -1012,10 +1063,11 @@ fn report(plan: &Plan, rows: &[Row], missing: &[(String, String)]) -> String {
         if let Some(f) = &r.fleet {
             let _ = write!(
                 line,
-                "; fleet: {} of {} requests answered, largest plugin max RSS seen by the fleet process {}",
+                "; fleet: {} of {} requests answered, largest plugin max RSS seen by the fleet process {}, the machine's MemAvailable fell by at most {} during it",
                 f.ok,
                 f.clusters,
-                kib(f.children_max_rss_kib)
+                kib(f.children_max_rss_kib),
+                kib(f.mem_drop_kib)
             );
         }
         if !r.note.is_empty() {
