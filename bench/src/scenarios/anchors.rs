@@ -43,13 +43,13 @@ use serde_json::{Value, json};
 
 use crate::anchors::{Built, gke_cache};
 use crate::bench::{AWS_KEY, AWS_SECRET, Bench, REGION, UPSTREAM_DELAY, V1, progress};
-
-/// The older ExecCredential version aws-iam-authenticator and gke-gcloud-auth-plugin print.
-const V1BETA1: &str = "client.authentication.k8s.io/v1beta1";
 use crate::fakes::{HUB_NAMESPACE, HUB_TOKEN, Hub, Workers};
 use crate::plan::Plan;
 use crate::procs::Broker;
 use crate::stats::{Summary, ms, summarize};
+
+/// The older ExecCredential version aws-iam-authenticator and gke-gcloud-auth-plugin print.
+const V1BETA1: &str = "client.authentication.k8s.io/v1beta1";
 
 /// Untimed runs before a hit block, as section 1 does (one tool's caches warm for its own runs).
 const WARMUP: usize = 3;
@@ -773,7 +773,7 @@ pub fn run(bench: &mut Bench<'_>) {
                 calls: Box::new(|| clouds.metadata.calls()),
                 fleet: Some((Box::new(|i| adc(&fleet_home, &format!("w{i}"))), 1, "1: the metadata server's one account (its cache serves only the kubeconfig's current context, so a fleet runs it with ADC)")),
                 no_fleet: "",
-                note: String::new(),
+                note: "with `--use_application_default_credentials` it keeps no cache: every run reads the project id (a 404 here) and makes one metadata token call".to_owned(),
             };
             rows.push(with_fleet(&plan, &a, &built, &w, &workers, &not_built));
         }
