@@ -18,6 +18,8 @@ die() { printf 'e2e/peers.sh: %s\n' "$*" >&2; exit 1; }
 command -v go >/dev/null || die "go is missing (the Go toolchain builds the e2e peers)"
 mkdir -p "$cache"
 build() { nice -n 10 go build -trimpath "$@"; }
+# shellcheck source=e2e/gowrap.sh
+. "$(dirname "$0")/gowrap.sh"
 moddir() { # module@version -> its directory in the module cache
     go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
 }
@@ -69,22 +71,13 @@ for kv in $KUEUE_VERSIONS; do
     fi
 done
 
-# cluster-inventory-api's secretreader exec plugin. Its go.mod has no replaces, but
-# `go install m@v` also asks the proxy for the module's version list (deprecations), which this
-# proxy refuses for cluster-inventory-api (403); a wrapper module requiring exactly
-# $CIA_VERSION builds the same package with the same requirements.
+# cluster-inventory-api's secretreader exec plugin, through a wrapper module (e2e/gowrap.sh: the
+# proxy refuses this module's version list, which `go install m@v` asks for).
 cia=$cache/secretreader-$CIA_VERSION
 if [ ! -x "$cia/secretreader" ]; then
-    w=$cache/wrap-secretreader-$CIA_VERSION
-    mkdir -p "$w" "$cia"
-    (
-        cd "$w"
-        [ -f go.mod ] || go mod init credbroker-e2e-secretreader >/dev/null 2>&1
-        go mod edit -require="sigs.k8s.io/cluster-inventory-api@$CIA_VERSION"
-        build -ldflags "-s -w" -o "$cia/secretreader.tmp" sigs.k8s.io/cluster-inventory-api/plugins/secretreader/cmd/plugin \
-            || die "secretreader $CIA_VERSION did not build"
-        mv "$cia/secretreader.tmp" "$cia/secretreader"
-    ) || exit 1
+    wrap_build "$cache" secretreader sigs.k8s.io/cluster-inventory-api "$CIA_VERSION" \
+        sigs.k8s.io/cluster-inventory-api/plugins/secretreader/cmd/plugin "$cia/secretreader" -ldflags "-s -w" \
+        || die "secretreader $CIA_VERSION did not build"
 fi
 
 # Manifests from the same module versions: Kueue's CRDs and webhooks, the ClusterProfile CRD.

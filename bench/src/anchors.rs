@@ -75,3 +75,61 @@ pub fn gke_cache(home: &Path) {
     )
     .expect("gke cache");
 }
+
+/// The anchors e2e/anchors.sh built, from its `anchors.env` (`KEY=path` lines).
+#[derive(Debug, Default, Clone)]
+pub struct Built {
+    /// Where the file was looked for, for the report's "not built" cells.
+    pub env_file: PathBuf,
+    pub aws_iam_authenticator: Option<(PathBuf, String)>,
+    pub kubelogin: Option<(PathBuf, String)>,
+    pub secretreader: Option<(PathBuf, String)>,
+    pub gke: Option<PathBuf>,
+    /// e2e/cmd/fleet: the client-go fleet.
+    pub fleet: Option<PathBuf>,
+}
+
+/// e2e/anchors.sh's cache: `${CREDBROKER_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/credbroker-e2e}`.
+pub fn e2e_cache() -> PathBuf {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("CREDBROKER_E2E_CACHE")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("credbroker-e2e")))
+        .unwrap_or_else(|| {
+            var("HOME")
+                .unwrap_or_default()
+                .join(".cache/credbroker-e2e")
+        })
+}
+
+impl Built {
+    /// Reads `file` (default: `anchors.env` in [`e2e_cache`]); a missing file or binary is
+    /// `None`, never a build: the bench only measures what is built.
+    pub fn load(file: Option<&Path>) -> Built {
+        let env_file = file.map_or_else(|| e2e_cache().join("anchors.env"), Path::to_path_buf);
+        let text = std::fs::read_to_string(&env_file).unwrap_or_default();
+        let kv: std::collections::BTreeMap<&str, &str> =
+            text.lines().filter_map(|l| l.split_once('=')).collect();
+        let bin = |k: &str| kv.get(k).map(PathBuf::from).filter(|p| p.is_file());
+        let versioned = |k: &str| {
+            bin(k).map(|p| {
+                let v = kv
+                    .get(format!("{k}_VERSION").as_str())
+                    .copied()
+                    .unwrap_or("");
+                (p, v.to_owned())
+            })
+        };
+        Built {
+            aws_iam_authenticator: versioned("AWS_IAM_AUTHENTICATOR"),
+            kubelogin: versioned("KUBELOGIN"),
+            secretreader: versioned("SECRETREADER"),
+            gke: bin("GKE_GCLOUD_AUTH_PLUGIN").or_else(|| which("gke-gcloud-auth-plugin")),
+            fleet: bin("FLEET"),
+            env_file,
+        }
+    }
+}

@@ -8,13 +8,16 @@
 //! the fast-clock steady-state runs.
 //!
 //! The scenarios see only [`Clouds`]: the three fakes, their call counts and the broker
-//! environment that points at them.
+//! environment that points at them. The anchors section also uses [`Hub`] (the API server
+//! cluster-inventory-api's secretreader reads its Secrets from) and [`Workers`] (the worker
+//! clusters' API server the client-go fleet reaches).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use base64::Engine as _;
 use credbroker_tests::fakes::{entra, gce_metadata, sts};
 use credbroker_tests::{FakeHttps, Reply, Seen};
 
@@ -88,6 +91,8 @@ pub struct Fake {
 struct State {
     kind: Kind,
     calls: AtomicU64,
+    /// Requests that were not credential calls (Entra's OpenID configuration, 404s).
+    other: AtomicU64,
     delay: Duration,
     lifetime_s: AtomicU64,
 }
@@ -99,6 +104,7 @@ impl Fake {
         let state = Arc::new(State {
             kind,
             calls: AtomicU64::new(0),
+            other: AtomicU64::new(0),
             delay,
             lifetime_s: AtomicU64::new(lifetime.as_secs()),
         });
@@ -116,8 +122,14 @@ impl Fake {
         self.state.calls.load(Ordering::SeqCst)
     }
 
+    /// Requests answered that were not credential calls (Entra's OpenID configuration).
+    pub fn other_requests(&self) -> u64 {
+        self.state.other.load(Ordering::SeqCst)
+    }
+
     pub fn reset_calls(&self) {
         self.state.calls.store(0, Ordering::SeqCst);
+        self.state.other.store(0, Ordering::SeqCst);
     }
 
     /// Lifetime of the credentials issued from now on.
@@ -151,6 +163,15 @@ impl State {
             Kind::Entra => req.method == "POST" && req.path.ends_with("/oauth2/v2.0/token"),
         };
         if !is_credential_call {
+            self.other.fetch_add(1, Ordering::SeqCst);
+            // MSAL (kubelogin) reads the authority's OpenID configuration before a token call
+            // when instance discovery is off: answered at once, as Entra's CDN does.
+            if self.kind == Kind::Entra
+                && req.method == "GET"
+                && req.path.ends_with("/v2.0/.well-known/openid-configuration")
+            {
+                return openid_configuration(req);
+            }
             return Reply::new(404, "not found").header("content-type", "text/plain");
         }
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
@@ -167,5 +188,157 @@ impl State {
             Kind::Entra => entra::token_reply(&format!("entra-bench-{n}"), life),
         };
         reply.after(self.delay)
+    }
+}
+
+/// Entra's `/<tenant>/v2.0/.well-known/openid-configuration`, naming this fake (the `Host` the
+/// client sent) as the token endpoint.
+fn openid_configuration(req: &Seen) -> Reply {
+    let host = req.header("host").unwrap_or("127.0.0.1");
+    let tenant = req
+        .path
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or("");
+    let base = format!("https://{host}/{tenant}");
+    Reply::json(
+        200,
+        &serde_json::json!({
+            "token_endpoint": format!("{base}/oauth2/v2.0/token"),
+            "authorization_endpoint": format!("{base}/oauth2/v2.0/authorize"),
+            "device_authorization_endpoint": format!("{base}/oauth2/v2.0/devicecode"),
+            "issuer": format!("{base}/v2.0"),
+            "jwks_uri": format!("{base}/discovery/v2.0/keys"),
+            "end_session_endpoint": format!("{base}/oauth2/v2.0/logout"),
+            "response_types_supported": ["code", "id_token", "code id_token", "id_token token"],
+            "scopes_supported": ["openid", "profile", "email", "offline_access"],
+            "tenant_region_scope": "NA",
+        }),
+    )
+}
+
+/// The hub API server secretreader reads `Secret <namespace>/<clusterName>` from (HTTPS, a
+/// throwaway CA): a `GET` of a Secret with the hub token is a credential call, counted and
+/// answered after the delay with `data.token` = `sr-<clusterName>`; anything else is refused
+/// (401 without the token, 404 for another path) and counted as a violation.
+#[derive(Debug)]
+pub struct Hub {
+    server: FakeHttps,
+    calls: Arc<AtomicU64>,
+    violations: Arc<AtomicU64>,
+}
+
+/// The namespace of the Secrets on the hub and the bearer token of the hub's kubeconfig.
+pub const HUB_NAMESPACE: &str = "kueue-system";
+pub const HUB_TOKEN: &str = "bench-hub-reader-token";
+
+impl Hub {
+    pub fn start(delay: Duration) -> Hub {
+        let calls = Arc::new(AtomicU64::new(0));
+        let violations = Arc::new(AtomicU64::new(0));
+        let (c, v) = (Arc::clone(&calls), Arc::clone(&violations));
+        let prefix = format!("/api/v1/namespaces/{HUB_NAMESPACE}/secrets/");
+        let server = FakeHttps::spawn(move |req: &Seen| {
+            if req.bearer() != Some(HUB_TOKEN) {
+                v.fetch_add(1, Ordering::SeqCst);
+                return Reply::json(401, &serde_json::json!({"kind": "Status", "code": 401}));
+            }
+            match req.path.strip_prefix(&prefix) {
+                Some(name) if req.method == "GET" && !name.is_empty() && !name.contains('/') => {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    let token =
+                        base64::engine::general_purpose::STANDARD.encode(format!("sr-{name}"));
+                    Reply::json(
+                        200,
+                        &serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": HUB_NAMESPACE}, "type": "Opaque", "data": {"token": token}}),
+                    )
+                    .after(delay)
+                }
+                _ => {
+                    v.fetch_add(1, Ordering::SeqCst);
+                    Reply::json(404, &serde_json::json!({"kind": "Status", "code": 404}))
+                }
+            }
+        });
+        Hub {
+            server,
+            calls,
+            violations,
+        }
+    }
+
+    /// Secret reads served.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Requests refused (no hub token, another path).
+    pub fn violations(&self) -> u64 {
+        self.violations.load(Ordering::SeqCst)
+    }
+
+    pub fn url(&self) -> &str {
+        self.server.url()
+    }
+
+    pub fn ca_pem(&self) -> &str {
+        self.server.ca_pem()
+    }
+}
+
+/// The worker clusters' API server for the client-go fleet (HTTPS, a throwaway CA): `GET
+/// /version` with a bearer token is answered at once; without one it is a 401, counted.
+#[derive(Debug)]
+pub struct Workers {
+    server: FakeHttps,
+    served: Arc<AtomicU64>,
+    refused: Arc<AtomicU64>,
+}
+
+impl Workers {
+    pub fn start() -> Workers {
+        let served = Arc::new(AtomicU64::new(0));
+        let refused = Arc::new(AtomicU64::new(0));
+        let (s, r) = (Arc::clone(&served), Arc::clone(&refused));
+        let server = FakeHttps::spawn(move |req: &Seen| match req.bearer() {
+            Some(t) if !t.is_empty() && req.path == "/version" => {
+                s.fetch_add(1, Ordering::SeqCst);
+                Reply::json(
+                    200,
+                    &serde_json::json!({"major": "1", "minor": "36", "gitVersion": "v1.36.3", "platform": "linux/amd64"}),
+                )
+            }
+            _ => {
+                r.fetch_add(1, Ordering::SeqCst);
+                Reply::json(401, &serde_json::json!({"kind": "Status", "code": 401}))
+            }
+        });
+        Workers {
+            server,
+            served,
+            refused,
+        }
+    }
+
+    /// (requests answered with a token, requests refused).
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.served.load(Ordering::SeqCst),
+            self.refused.load(Ordering::SeqCst),
+        )
+    }
+
+    pub fn reset(&self) {
+        self.served.store(0, Ordering::SeqCst);
+        self.refused.store(0, Ordering::SeqCst);
+    }
+
+    pub fn url(&self) -> &str {
+        self.server.url()
+    }
+
+    pub fn ca_pem(&self) -> &str {
+        self.server.ca_pem()
     }
 }

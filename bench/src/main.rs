@@ -1,7 +1,7 @@
 //! credbroker's benchmarks: the built `credbroker` and `credbroker-shim` on a real Unix
 //! socket, fake cloud endpoints on 127.0.0.1 that answer after 200 ms, and the plugins
-//! users run today (`aws eks get-token`, `gke-gcloud-auth-plugin`) measured in the same
-//! run. Prints a markdown report on stdout; progress goes to stderr.
+//! users run today (`aws eks get-token`, `gke-gcloud-auth-plugin`, and in the anchors section
+//! the Go plugins e2e/anchors.sh builds) measured in the same run. Prints a markdown report on stdout; progress goes to stderr.
 //!
 //! ```text
 //! bench/run.sh                      # builds release binaries and runs everything (minutes)
@@ -26,7 +26,7 @@ use bench::Bench;
 use plan::Plan;
 
 const USAGE: &str = "usage: credbroker-bench [--smoke] [--bin-dir DIR] [--shim PATH] [--shim-before PATH]
-                        [--anchor-fleet N] [--only LIST]
+                        [--anchor-fleet N] [--anchors-fleet N] [--anchors-env FILE] [--only LIST]
 
   --smoke           small N (seconds); what CI runs so the benchmarks keep working
   --bin-dir DIR     where credbroker and credbroker-shim are (default: next to this binary)
@@ -34,7 +34,10 @@ const USAGE: &str = "usage: credbroker-bench [--smoke] [--bin-dir DIR] [--shim P
                     target/x86_64-unknown-linux-gnu/shim/ if present, else DIR/credbroker-shim)
   --shim-before PATH  an earlier shim build, timed beside --shim (exec and fleet sections)
   --anchor-fleet N  clusters in the `aws eks get-token` fleet sample (default 100; 3 in --smoke)
-  --only LIST       comma-separated sections: exec,throughput,cold,memory,refresh,fleet,steady,hostile";
+  --anchors-fleet N clusters of the anchors section's client-go fleet (default 1000; 6 in --smoke)
+  --anchors-env FILE  e2e/anchors.sh's list of built anchors (default: anchors.env in its cache,
+                    ${CREDBROKER_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/credbroker-e2e})
+  --only LIST       comma-separated sections: exec,throughput,cold,memory,refresh,fleet,steady,hostile,anchors";
 
 fn main() {
     let mut plan = Plan::full();
@@ -42,6 +45,8 @@ fn main() {
     let mut shim: Option<PathBuf> = None;
     let mut shim_before: Option<PathBuf> = None;
     let mut anchor_fleet: Option<usize> = None;
+    let mut anchors_env: Option<PathBuf> = None;
+    let mut anchors_fleet: Option<usize> = None;
     let mut only = Vec::new();
     // The hostile section's attackers: this binary again, under another uid.
     let argv: Vec<String> = std::env::args().collect();
@@ -55,6 +60,13 @@ fn main() {
         );
         return;
     }
+    // The anchors section's max-RSS probe: a plugin run under this binary.
+    if let [_, flag, file, program, rest @ ..] = argv.as_slice()
+        && flag == "--rusage"
+    {
+        procs::rusage_main(std::path::Path::new(file), program, rest);
+        return;
+    }
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -63,6 +75,8 @@ fn main() {
             "--shim" => shim = args.next().map(PathBuf::from),
             "--shim-before" => shim_before = args.next().map(PathBuf::from),
             "--anchor-fleet" => anchor_fleet = args.next().and_then(|n| n.parse().ok()),
+            "--anchors-env" => anchors_env = args.next().map(PathBuf::from),
+            "--anchors-fleet" => anchors_fleet = args.next().and_then(|n| n.parse().ok()),
             "--only" => {
                 only = args
                     .next()
@@ -97,6 +111,10 @@ fn main() {
         std::process::exit(2);
     }
     plan.only = only;
+    plan.anchors_env = anchors_env;
+    if let Some(n) = anchors_fleet {
+        plan.anchors_fleet = n;
+    }
     let exe = std::env::current_exe().expect("current_exe");
     let bin_dir = bin_dir.unwrap_or_else(|| exe.parent().expect("exe dir").to_path_buf());
     let broker_bin = bin_dir.join("credbroker");

@@ -1,7 +1,16 @@
 //! The sizes of one run: the full run (`bench/run.sh`, minutes) and `--smoke` (seconds, what
 //! CI runs so the benchmarks keep working; its numbers mean nothing).
 
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// The anchors section's runs per plugin: misses are 200 ms fake calls each, so 20 give a
+/// median and a p99 (the worst of 20) in seconds per row; hits are cheap, 200 as section 1's
+/// 300 for the shim, within a few seconds for the slowest anchor (~15 ms a run).
+const ANCHORS_HITS: usize = 200;
+const ANCHORS_MISSES: usize = 20;
+/// The fleet: 1 000 clusters (over 3 identities).
+const ANCHORS_FLEET: usize = 1000;
 
 /// Sizes of one run.
 #[derive(Debug, Clone)]
@@ -21,6 +30,12 @@ pub struct Plan {
     /// Worker clusters of the fleet: (EKS, GKE, AKS).
     pub fleet: (usize, usize, usize),
     pub anchor_fleet: usize,
+    /// The anchors section: hit runs and miss runs per plugin, clusters of its fleet, and
+    /// e2e/anchors.sh's env file (default: in its cache).
+    pub anchors_hits: usize,
+    pub anchors_misses: usize,
+    pub anchors_fleet: usize,
+    pub anchors_env: Option<PathBuf>,
     pub steady: Duration,
     pub steady_life: Duration,
     /// The hostile section: legitimate callers alone, beside the stream attackers (RSS
@@ -46,6 +61,10 @@ impl Plan {
             phase: Duration::from_secs(3),
             fleet: (600, 300, 100),
             anchor_fleet: 100,
+            anchors_hits: ANCHORS_HITS,
+            anchors_misses: ANCHORS_MISSES,
+            anchors_fleet: ANCHORS_FLEET,
+            anchors_env: None,
             steady: Duration::from_secs(60),
             steady_life: Duration::from_secs(20),
             // Five minutes: the bound on RSS under a stream flood is over that long.
@@ -70,6 +89,10 @@ impl Plan {
             phase: Duration::from_secs(1),
             fleet: (60, 30, 10),
             anchor_fleet: 3,
+            anchors_hits: 5,
+            anchors_misses: 2,
+            anchors_fleet: 6,
+            anchors_env: None,
             steady: Duration::from_secs(6),
             steady_life: Duration::from_secs(4),
             hostile_unloaded: Duration::from_secs(3),

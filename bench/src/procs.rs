@@ -176,3 +176,22 @@ pub fn timed_run(cmd: &mut Command, expect: &str) -> Result<Duration, String> {
     }
     Ok(elapsed)
 }
+
+/// `credbroker-bench --rusage FILE PROGRAM ARGS...`: runs PROGRAM with this process's
+/// environment and stdio, waits for it, and writes its max RSS in KiB (getrusage of the
+/// children: PROGRAM is the only one) to FILE; exits with its exit code. The anchors section
+/// runs a plugin under it, untimed, for the plugin's max RSS.
+pub fn rusage_main(file: &Path, program: &str, args: &[String]) {
+    let status = Command::new(program).args(args).status();
+    let code = match status {
+        Ok(s) => s.code().unwrap_or(1),
+        Err(e) => {
+            eprintln!("credbroker-bench --rusage: spawn {program}: {e}");
+            std::process::exit(127);
+        }
+    };
+    let kib = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .map_or(0, |u| u.max_rss());
+    let _ = std::fs::write(file, kib.to_string());
+    std::process::exit(code);
+}

@@ -3,6 +3,7 @@
 
 use crate::bench::Bench;
 
+mod anchors;
 mod cold;
 mod exec;
 mod fleet;
@@ -16,7 +17,7 @@ mod throughput;
 pub type Scenario = fn(&mut Bench<'_>);
 
 /// Every section by its `--only` name, in report order.
-pub const ALL: [(&str, Scenario); 8] = [
+pub const ALL: [(&str, Scenario); 9] = [
     ("exec", exec::run),
     ("throughput", throughput::run),
     ("cold", cold::run),
@@ -25,4 +26,5 @@ pub const ALL: [(&str, Scenario); 8] = [
     ("fleet", fleet::run),
     ("steady", steady::run),
     ("hostile", hostile::run),
+    ("anchors", anchors::run),
 ];
