@@ -8,8 +8,8 @@
 //! the fast-clock steady-state runs.
 //!
 //! The scenarios see only [`Clouds`]: the three fakes, their call counts and the broker
-//! environment that points at them. The anchors section also uses [`Hub`] (the API server
-//! cluster-inventory-api's secretreader reads its Secrets from) and [`Workers`] (the worker
+//! environment that points at them. The anchors section also uses [`hub`] (the API server
+//! cluster-inventory-api's secretreader reads its Secrets from) and [`workers`] (the worker
 //! clusters' API server the client-go fleet reaches).
 
 use std::path::Path;
@@ -218,119 +218,47 @@ fn openid_configuration(req: &Seen) -> Reply {
     )
 }
 
-/// The hub API server secretreader reads `Secret <namespace>/<clusterName>` from (HTTPS, a
-/// throwaway CA): a `GET` of a Secret with the hub token is a credential call, counted and
-/// answered after the delay with `data.token` = `sr-<clusterName>`; anything else is refused
-/// (401 without the token, 404 for another path) and counted as a violation.
+/// A loopback HTTPS fake (a throwaway CA) that tallies the requests it answers and those it
+/// refuses: its handler returns `Ok` for an answer, `Err` for a refusal.
 #[derive(Debug)]
-pub struct Hub {
+pub struct Tallied {
     server: FakeHttps,
-    calls: Arc<AtomicU64>,
-    violations: Arc<AtomicU64>,
-}
-
-/// The namespace of the Secrets on the hub and the bearer token of the hub's kubeconfig.
-pub const HUB_NAMESPACE: &str = "kueue-system";
-pub const HUB_TOKEN: &str = "bench-hub-reader-token";
-
-impl Hub {
-    pub fn start(delay: Duration) -> Hub {
-        let calls = Arc::new(AtomicU64::new(0));
-        let violations = Arc::new(AtomicU64::new(0));
-        let (c, v) = (Arc::clone(&calls), Arc::clone(&violations));
-        let prefix = format!("/api/v1/namespaces/{HUB_NAMESPACE}/secrets/");
-        let server = FakeHttps::spawn(move |req: &Seen| {
-            if req.bearer() != Some(HUB_TOKEN) {
-                v.fetch_add(1, Ordering::SeqCst);
-                return Reply::json(401, &serde_json::json!({"kind": "Status", "code": 401}));
-            }
-            match req.path.strip_prefix(&prefix) {
-                Some(name) if req.method == "GET" && !name.is_empty() && !name.contains('/') => {
-                    c.fetch_add(1, Ordering::SeqCst);
-                    let token =
-                        base64::engine::general_purpose::STANDARD.encode(format!("sr-{name}"));
-                    Reply::json(
-                        200,
-                        &serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": HUB_NAMESPACE}, "type": "Opaque", "data": {"token": token}}),
-                    )
-                    .after(delay)
-                }
-                _ => {
-                    v.fetch_add(1, Ordering::SeqCst);
-                    Reply::json(404, &serde_json::json!({"kind": "Status", "code": 404}))
-                }
-            }
-        });
-        Hub {
-            server,
-            calls,
-            violations,
-        }
-    }
-
-    /// Secret reads served.
-    pub fn calls(&self) -> u64 {
-        self.calls.load(Ordering::SeqCst)
-    }
-
-    /// Requests refused (no hub token, another path).
-    pub fn violations(&self) -> u64 {
-        self.violations.load(Ordering::SeqCst)
-    }
-
-    pub fn url(&self) -> &str {
-        self.server.url()
-    }
-
-    pub fn ca_pem(&self) -> &str {
-        self.server.ca_pem()
-    }
-}
-
-/// The worker clusters' API server for the client-go fleet (HTTPS, a throwaway CA): `GET
-/// /version` with a bearer token is answered at once; without one it is a 401, counted.
-#[derive(Debug)]
-pub struct Workers {
-    server: FakeHttps,
-    served: Arc<AtomicU64>,
+    answered: Arc<AtomicU64>,
     refused: Arc<AtomicU64>,
 }
 
-impl Workers {
-    pub fn start() -> Workers {
-        let served = Arc::new(AtomicU64::new(0));
+impl Tallied {
+    fn spawn(handler: impl Fn(&Seen) -> Result<Reply, Reply> + Send + Sync + 'static) -> Tallied {
+        let answered = Arc::new(AtomicU64::new(0));
         let refused = Arc::new(AtomicU64::new(0));
-        let (s, r) = (Arc::clone(&served), Arc::clone(&refused));
-        let server = FakeHttps::spawn(move |req: &Seen| match req.bearer() {
-            Some(t) if !t.is_empty() && req.path == "/version" => {
-                s.fetch_add(1, Ordering::SeqCst);
-                Reply::json(
-                    200,
-                    &serde_json::json!({"major": "1", "minor": "36", "gitVersion": "v1.36.3", "platform": "linux/amd64"}),
-                )
-            }
-            _ => {
-                r.fetch_add(1, Ordering::SeqCst);
-                Reply::json(401, &serde_json::json!({"kind": "Status", "code": 401}))
-            }
+        let (a, r) = (Arc::clone(&answered), Arc::clone(&refused));
+        let server = FakeHttps::spawn(move |req: &Seen| {
+            let (reply, count) = match handler(req) {
+                Ok(reply) => (reply, &a),
+                Err(reply) => (reply, &r),
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            reply
         });
-        Workers {
+        Tallied {
             server,
-            served,
+            answered,
             refused,
         }
     }
 
-    /// (requests answered with a token, requests refused).
-    pub fn counts(&self) -> (u64, u64) {
-        (
-            self.served.load(Ordering::SeqCst),
-            self.refused.load(Ordering::SeqCst),
-        )
+    /// Requests answered.
+    pub fn answered(&self) -> u64 {
+        self.answered.load(Ordering::SeqCst)
+    }
+
+    /// Requests refused.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::SeqCst)
     }
 
     pub fn reset(&self) {
-        self.served.store(0, Ordering::SeqCst);
+        self.answered.store(0, Ordering::SeqCst);
         self.refused.store(0, Ordering::SeqCst);
     }
 
@@ -341,4 +269,53 @@ impl Workers {
     pub fn ca_pem(&self) -> &str {
         self.server.ca_pem()
     }
+}
+
+/// The namespace of the Secrets on the hub and the bearer token of the hub's kubeconfig.
+pub const HUB_NAMESPACE: &str = "kueue-system";
+pub const HUB_TOKEN: &str = "bench-hub-reader-token";
+
+/// The hub API server secretreader reads `Secret <namespace>/<clusterName>` from: a `GET` of
+/// a Secret with the hub token is a credential call, answered after the delay with
+/// `data.token` = `sr-<clusterName>`; anything else is refused (401 without the token, 404
+/// for another path).
+pub fn hub(delay: Duration) -> Tallied {
+    let prefix = format!("/api/v1/namespaces/{HUB_NAMESPACE}/secrets/");
+    Tallied::spawn(move |req: &Seen| {
+        if req.bearer() != Some(HUB_TOKEN) {
+            return Err(Reply::json(
+                401,
+                &serde_json::json!({"kind": "Status", "code": 401}),
+            ));
+        }
+        match req.path.strip_prefix(&prefix) {
+            Some(name) if req.method == "GET" && !name.is_empty() && !name.contains('/') => {
+                let token = base64::engine::general_purpose::STANDARD.encode(format!("sr-{name}"));
+                Ok(Reply::json(
+                    200,
+                    &serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": HUB_NAMESPACE}, "type": "Opaque", "data": {"token": token}}),
+                )
+                .after(delay))
+            }
+            _ => Err(Reply::json(
+                404,
+                &serde_json::json!({"kind": "Status", "code": 404}),
+            )),
+        }
+    })
+}
+
+/// The worker clusters' API server for the client-go fleet: `GET /version` with a bearer
+/// token is answered at once; without one it is a 401.
+pub fn workers() -> Tallied {
+    Tallied::spawn(|req: &Seen| match req.bearer() {
+        Some(t) if !t.is_empty() && req.path == "/version" => Ok(Reply::json(
+            200,
+            &serde_json::json!({"major": "1", "minor": "36", "gitVersion": "v1.36.3", "platform": "linux/amd64"}),
+        )),
+        _ => Err(Reply::json(
+            401,
+            &serde_json::json!({"kind": "Status", "code": 401}),
+        )),
+    })
 }

@@ -16,7 +16,7 @@
 //!   [`Plan::anchors_fleet`] contexts (one per cluster, each an exec user with
 //!   `provideClusterInfo` and the cluster's `client.authentication.k8s.io/exec` extension
 //!   naming `clusterName`), builds one client per cluster and makes one request to each, all at
-//!   once, against [`Workers`] (HTTPS, 401 without a bearer token). Wall time and failures
+//!   once, against [`fakes::workers`] (HTTPS, 401 without a bearer token). Wall time and failures
 //!   from its JSON; upstream calls counted at the fakes.
 //! - **calls per identity per hour** in steady state: client-go keeps a plugin's
 //!   ExecCredential until its `expirationTimestamp` (`L`, read from what the plugin printed)
@@ -43,7 +43,7 @@ use serde_json::{Value, json};
 
 use crate::anchors::{Built, gke_cache};
 use crate::bench::{AWS_KEY, AWS_SECRET, Bench, REGION, UPSTREAM_DELAY, V1, progress};
-use crate::fakes::{HUB_NAMESPACE, HUB_TOKEN, Hub, Workers};
+use crate::fakes::{self, HUB_NAMESPACE, HUB_TOKEN, Tallied};
 use crate::plan::Plan;
 use crate::procs::Broker;
 use crate::stats::{Summary, ms, summarize};
@@ -378,7 +378,7 @@ fn probe_floor() -> Option<u64> {
 fn run_fleet(
     fleet_bin: &Path,
     dir: &Path,
-    workers: &Workers,
+    workers: &Tallied,
     n: usize,
     plugin: &dyn Fn(usize) -> Plugin,
     calls: &dyn Fn() -> u64,
@@ -453,7 +453,7 @@ fn run_fleet(
             err.lines().take(3).collect::<Vec<_>>().join(" / ")
         )
     })?;
-    let (served, refused) = workers.counts();
+    let (served, refused) = (workers.answered(), workers.refused());
     let num = |k: &str| v[k].as_u64().unwrap_or(0);
     let mut first_error = v["first_error"].as_str().unwrap_or("").to_owned();
     if refused > 0 && first_error.is_empty() {
@@ -478,8 +478,8 @@ pub fn run(bench: &mut Bench<'_>) {
     let w = bench.w().to_path_buf();
     let ca = w.join("fakes-ca.pem");
     let ca_s = ca.display().to_string();
-    let hub = Hub::start(UPSTREAM_DELAY);
-    let workers = Workers::start();
+    let hub = fakes::hub(UPSTREAM_DELAY);
+    let workers = fakes::workers();
     let hub_kubeconfig = w.join("hub.kubeconfig");
     let hub_ca = w.join("hub-ca.pem");
     std::fs::write(&hub_ca, hub.ca_pem()).expect("hub ca");
@@ -807,7 +807,7 @@ pub fn run(bench: &mut Bench<'_>) {
                 hit: None,
                 miss: Box::new(|_| (plugin("c1"), None)),
                 expect: "sr-c1",
-                calls: Box::new(|| hub.calls()),
+                calls: Box::new(|| hub.answered()),
                 fleet: Some((
                     Box::new(|i| plugin(&format!("w{i}"))),
                     1,
@@ -817,8 +817,8 @@ pub fn run(bench: &mut Bench<'_>) {
                 note: String::new(),
             };
             let mut row = with_fleet(&plan, &a, &built, &w, &workers, &not_built);
-            if hub.violations() > 0 {
-                let _ = write!(row.note, "the hub refused {} requests", hub.violations());
+            if hub.refused() > 0 {
+                let _ = write!(row.note, "the hub refused {} requests", hub.refused());
             }
             rows.push(row);
         }
@@ -841,7 +841,7 @@ fn with_fleet(
     a: &Anchor<'_>,
     built: &Built,
     w: &Path,
-    workers: &Workers,
+    workers: &Tallied,
     not_built: &dyn Fn(&str) -> String,
 ) -> Row {
     let mut row = block(plan, a);
