@@ -130,3 +130,95 @@ pub fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// The `kueue` manager binary of `version`, built by e2e/peers.sh from that release's module.
+pub fn kueue_bin(version: &str) -> PathBuf {
+    let key = format!(
+        "KUEUE_{}",
+        version.trim_start_matches('v').replace('.', "_")
+    );
+    let env = peers_env();
+    let bin = PathBuf::from(env.get(&key).unwrap_or_else(|| {
+        panic!(
+            "{} has no {key}: run e2e/peers.sh (it builds Kueue {version})",
+            peers_env_path().display()
+        )
+    }));
+    assert!(
+        bin.is_file(),
+        "{} is missing ({key} in {}): run e2e/peers.sh",
+        bin.display(),
+        peers_env_path().display()
+    );
+    bin
+}
+
+/// What Kueue's manager made of a configuration file at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigVerdict {
+    /// It loaded the file (strict decoding, defaulting and validation passed): the manager
+    /// logged "Initializing" and went on to connect to its API server.
+    Loaded,
+    /// It stopped at start: "Unable to load the configuration" (or a later configuration
+    /// check), with the log line.
+    Refused(String),
+}
+
+/// How long Kueue's manager may take to read its configuration and log either verdict.
+const KUEUE_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Starts Kueue `version`'s manager with `--config FILE`, exactly as its Deployment does, and
+/// reports whether it loaded the file. Kueue reads the file before anything else; its API
+/// server here is a loopback address nothing listens on (127.0.0.1:1), so a manager that got
+/// past its configuration fails to connect and is stopped. Nothing is left running.
+pub fn kueue_loads_config(version: &str, config_yaml: &str, scratch: &Path) -> ConfigVerdict {
+    use std::process::{Command, Stdio};
+    std::fs::create_dir_all(scratch).expect("mkdir scratch");
+    let config = scratch.join("controller_manager_config.yaml");
+    std::fs::write(&config, config_yaml).expect("write the Kueue config");
+    let kubeconfig = scratch.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: \"https://127.0.0.1:1\", insecure-skip-tls-verify: true}\nusers:\n- name: u\n  user: {token: x}\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\n",
+    )
+    .expect("write kubeconfig");
+    let log = scratch.join("kueue.log");
+    let file = std::fs::File::create(&log).expect("create the log");
+    let mut child = Command::new(kueue_bin(version))
+        .arg(format!("--config={}", config.display()))
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().expect("dup the log"))
+        .stderr(file)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start Kueue {version}: {e}"));
+    let deadline = std::time::Instant::now() + KUEUE_START_TIMEOUT;
+    let verdict = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| {
+            l.contains("Unable to load the configuration")
+                || l.contains("conflicting feature gates")
+                || l.contains("Unable to set flag gates")
+        }) {
+            break Some(ConfigVerdict::Refused(line.to_owned()));
+        }
+        if text.contains("\"Initializing\"") || text.contains("Initializing") {
+            break Some(ConfigVerdict::Loaded);
+        }
+        let exited = child.try_wait().expect("try_wait on Kueue").is_some();
+        if exited || std::time::Instant::now() >= deadline {
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    verdict.unwrap_or_else(|| {
+        panic!(
+            "Kueue {version} neither loaded nor refused its configuration within \
+             {KUEUE_START_TIMEOUT:?} (or exited without saying):\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
+    })
+}

@@ -39,6 +39,22 @@ const OVERLAYS: [(&str, Delivery); 2] = [
 const EXAMPLE_CLUSTERS: &str = "deploy/examples/clusters";
 const MULTIKUEUE_SETUP: &str = "deploy/examples/multikueue-setup";
 const PROVIDER_FILE: &str = "deploy/cluster-inventory/credbroker-providers.json";
+/// The two Kueue configuration components: (directory, the exec entries' list name).
+const KUEUE_CONFIG_COMPONENTS: [(&str, &str); 2] = [
+    ("deploy/kueue/components/kueue-config", "accessProviders"),
+    OLDER_KUEUE_COMPONENT[0],
+];
+/// The component users of Kueue v0.15-v0.18 list instead of `kueue-config` (docs/deploy.md,
+/// section 3), and its list name, the only one those versions know.
+const OLDER_KUEUE_COMPONENT: [(&str, &str); 1] = [(
+    "deploy/kueue/components/kueue-config-credentials-providers",
+    "credentialsProviders",
+)];
+/// The Kueue release whose default configuration the older component carries.
+const OLDER_KUEUE_VERSION: &str = "v0.17.0";
+const WORKER_RBAC: &str = "deploy/examples/worker-rbac";
+/// The names the worker RBAC example gives its objects (the real-cluster suite applies it).
+const WORKER_RBAC_NAME: &str = "credbroker-multikueue";
 const CONTAINERFILE: &str = "deploy/Containerfile";
 
 const NAMESPACE: &str = "kueue-system";
@@ -319,6 +335,14 @@ fn broker_config(objects: &[Value]) -> Value {
 
 /// Kueue's Configuration as the manager reads it (`--config=FILE`, mounted from a ConfigMap).
 fn kueue_config(objects: &[Value]) -> Value {
+    parse_yaml(
+        &kueue_config_text(objects),
+        "Kueue's controller_manager_config.yaml",
+    )
+}
+
+/// The text of the file Kueue's manager reads as its configuration.
+fn kueue_config_text(objects: &[Value]) -> String {
     let pod = pod_spec(objects);
     let args = strings(&manager(pod)["args"], "manager args");
     let path = args
@@ -335,8 +359,7 @@ fn kueue_config(objects: &[Value]) -> Value {
         cm_name, KUEUE_CONFIGMAP,
         "the manager reads {KUEUE_CONFIGMAP}"
     );
-    let text = configmap_file(objects, pod, &vol, KUEUE_CONFIG_KEY);
-    parse_yaml(&text, "Kueue's controller_manager_config.yaml")
+    configmap_file(objects, pod, &vol, KUEUE_CONFIG_KEY)
 }
 
 /// The exec entries of Kueue's `multiKueue.clusterProfile` (whichever list name is used).
@@ -428,6 +451,15 @@ fn every_kustomization_under_deploy_renders() {
         rendered >= 2 + 3 + 2,
         "expected the two overlays, three identity examples and two example sets, rendered {rendered}: {files:?}"
     );
+    // Components that only a user's own kustomization lists, rendered by the tests of
+    // docs/deploy.md, section 3 (`older_kueue_loads_the_credentials_providers_component`).
+    for (component, _) in OLDER_KUEUE_COMPONENT {
+        used_components.insert(
+            root.join(component)
+                .canonicalize()
+                .expect("component dir exists"),
+        );
+    }
     let unused: Vec<_> = components.difference(&used_components).collect();
     assert!(
         unused.is_empty(),
@@ -2487,10 +2519,636 @@ fn network_policy_example_opens_what_the_providers_call() {
     for want in [
         ("selector", 53, "UDP"),           // DNS
         ("0.0.0.0/0", 443, "TCP"),         // STS, Entra ID, Google, workers
+        ("::/0", 443, "TCP"),              // the same in IPv6 clusters
         ("169.254.169.254/32", 80, "TCP"), // AWS/Azure IMDS, GCE metadata
         ("169.254.170.23/32", 80, "TCP"),  // EKS Pod Identity agent
     ] {
         let want = (want.0.to_owned(), want.1, want.2.to_owned());
         assert!(open.contains(&want), "{want:?} not open: {open:?}");
     }
+
+    // Every address the example's comments and docs/deploy.md, section 10, name has a rule:
+    // a comment naming an address with no rule for it was how the IPv6 Pod Identity agent
+    // ([fd00:ec2::23]:80) went missing.
+    let comments = std::fs::read_to_string(
+        repo()
+            .join(NETWORK_POLICY_EXAMPLE)
+            .join("networkpolicy.yaml"),
+    )
+    .expect("read the example");
+    let doc = std::fs::read_to_string(repo().join("docs/deploy.md")).expect("deploy.md");
+    let section10 = &doc[doc.find("## 10. ").expect("section 10")..];
+    let section10 = &section10[..section10.find("\n## ").unwrap_or(section10.len())];
+    let named: Vec<(std::net::IpAddr, u16)> = named_addresses(&comments)
+        .into_iter()
+        .chain(named_addresses(section10))
+        .collect();
+    assert!(named.len() >= 4, "addresses named: {named:?}");
+    for (ip, port) in named {
+        let covered = open.iter().any(|(cidr, p, proto)| {
+            *p == u64::from(port) && proto == "TCP" && cidr_contains(cidr, ip)
+        });
+        assert!(
+            covered,
+            "{ip} port {port} is named but no egress rule opens it: {open:?}"
+        );
+    }
+}
+
+/// `A.B.C.D:PORT` and `[V6]:PORT` in a text.
+fn named_addresses(text: &str) -> Vec<(std::net::IpAddr, u16)> {
+    let mut found = Vec::new();
+    for word in text.split(|c: char| c.is_whitespace() || "`(),;".contains(c)) {
+        let (host, port) = match word.rsplit_once(':') {
+            Some((h, p)) if !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) => (h, p),
+            _ => continue,
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if let (Ok(ip), Ok(port)) = (host.parse::<std::net::IpAddr>(), port.parse::<u16>()) {
+            found.push((ip, port));
+        }
+    }
+    found
+}
+
+/// Whether `cidr` (`ADDR/BITS`; "selector" for a namespace peer) holds `ip`.
+fn cidr_contains(cidr: &str, ip: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    let Some((net, bits)) = cidr.split_once('/') else {
+        return false;
+    };
+    let (Ok(net), Ok(bits)) = (net.parse::<IpAddr>(), bits.parse::<u32>()) else {
+        return false;
+    };
+    match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(a)) => {
+            let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+            u32::from(n) & mask == u32::from(a) & mask
+        }
+        (IpAddr::V6(n), IpAddr::V6(a)) => {
+            let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+            u128::from(n) & mask == u128::from(a) & mask
+        }
+        _ => false,
+    }
+}
+
+#[test]
+fn named_addresses_and_cidrs_are_read_as_written() {
+    let found =
+        named_addresses("agent (169.254.170.23:80; IPv6: `[fd00:ec2::23]:80`), https://x:443");
+    assert_eq!(
+        found,
+        [
+            ("169.254.170.23".parse().unwrap(), 80),
+            ("fd00:ec2::23".parse().unwrap(), 80)
+        ]
+    );
+    assert!(cidr_contains(
+        "fd00:ec2::23/128",
+        "fd00:ec2::23".parse().unwrap()
+    ));
+    assert!(!cidr_contains(
+        "169.254.170.23/32",
+        "fd00:ec2::23".parse().unwrap()
+    ));
+    assert!(cidr_contains(
+        "0.0.0.0/0",
+        "169.254.170.23".parse().unwrap()
+    ));
+    assert!(!cidr_contains("selector", "10.0.0.1".parse().unwrap()));
+}
+
+// ---------------------------------------------------------------------------------------
+// Kueue's integrations and what MultiKueue does on a worker
+// ---------------------------------------------------------------------------------------
+
+/// One request MultiKueue makes to a worker's API server: (API group, resource, verb).
+type Request = (String, String, String);
+
+/// Per integration Kueue has a MultiKueue adapter for: (framework name, API group, resource,
+/// verbs on a worker), from `pkg/controller/jobs/*/*_multikueue_adapter.go` of Kueue v0.19.2
+/// and v0.17.0. `watch`: the watch `multikueuecluster.go` opens on every worker for each enabled
+/// adapter (one failing refuses the worker); `get`, `create`, `delete`: SyncJob,
+/// DeleteRemoteObject and `jobframework.ValidateRemoteObjectOwnership`; `patch`: the elastic
+/// resize (batch/job, ray) and the ray adapters' spec sync; `list`: v0.17.0's Pod groups.
+/// docs/deploy.md, "Integrations on workers", shows the same table.
+const FRAMEWORKS: [(&str, &str, &str, &[&str]); 17] = [
+    (
+        "batch/job",
+        "batch",
+        "jobs",
+        &["get", "watch", "create", "delete", "patch"],
+    ),
+    (
+        "kubeflow.org/mpijob",
+        "kubeflow.org",
+        "mpijobs",
+        &["get", "watch", "create", "delete"],
+    ),
+    (
+        "kubeflow.org/pytorchjob",
+        "kubeflow.org",
+        "pytorchjobs",
+        &["get", "watch", "create", "delete"],
+    ),
+    (
+        "kubeflow.org/tfjob",
+        "kubeflow.org",
+        "tfjobs",
+        &["get", "watch", "create", "delete"],
+    ),
+    (
+        "kubeflow.org/paddlejob",
+        "kubeflow.org",
+        "paddlejobs",
+        &["get", "watch", "create", "delete"],
+    ),
+    (
+        "kubeflow.org/xgboostjob",
+        "kubeflow.org",
+        "xgboostjobs",
+        &["get", "watch", "create", "delete"],
+    ),
+    (
+        "kubeflow.org/jaxjob",
+        "kubeflow.org",
+        "jaxjobs",
+        &["get", "watch", "create", "delete"],
+    ),
+    (
+        "ray.io/rayjob",
+        "ray.io",
+        "rayjobs",
+        &["get", "watch", "create", "delete", "patch"],
+    ),
+    (
+        "ray.io/raycluster",
+        "ray.io",
+        "rayclusters",
+        &["get", "watch", "create", "delete", "patch"],
+    ),
+    (
+        "ray.io/rayservice",
+        "ray.io",
+        "rayservices",
+        &["get", "watch", "create", "delete", "patch"],
+    ),
+    (
+        "jobset.x-k8s.io/jobset",
+        "jobset.x-k8s.io",
+        "jobsets",
+        &["get", "watch", "create", "delete"],
+    ),
+    (
+        "workload.codeflare.dev/appwrapper",
+        "workload.codeflare.dev",
+        "appwrappers",
+        &["get", "watch", "create", "delete"],
+    ),
+    (
+        "trainer.kubeflow.org/trainjob",
+        "trainer.kubeflow.org",
+        "trainjobs",
+        &["get", "watch", "create", "delete"],
+    ),
+    (
+        "leaderworkerset.x-k8s.io/leaderworkerset",
+        "leaderworkerset.x-k8s.io",
+        "leaderworkersets",
+        &["get", "watch", "create", "delete"],
+    ),
+    (
+        "pod",
+        "",
+        "pods",
+        &["get", "list", "watch", "create", "delete"],
+    ),
+    (
+        "statefulset",
+        "apps",
+        "statefulsets",
+        &["get", "watch", "create", "delete"],
+    ),
+    // No MultiKueue adapter: nothing on a worker (its Pods are the `pod` integration's).
+    ("deployment", "", "", &[]),
+];
+
+/// What MultiKueue does to a worker's Workloads whatever the integrations: the watch on every
+/// worker, garbage collection's list (runGC), the workload reconciler's get, create, update
+/// (finalizer removal, priority) and delete, and the deactivation target it patches into the
+/// status (PatchAdmissionStatus: server-side apply, or a merge patch).
+const WORKLOAD_REQUESTS: [(&str, &str, &[&str]); 2] = [
+    (
+        "kueue.x-k8s.io",
+        "workloads",
+        &["get", "list", "watch", "create", "update", "delete"],
+    ),
+    ("kueue.x-k8s.io", "workloads/status", &["patch"]),
+];
+
+/// Requests only an alpha feature gate (off by default) makes: (gate, group, resource, verbs).
+const GATED_REQUESTS: [(&str, &str, &str, &[&str]); 3] = [
+    (
+        "MultiKueueOrchestratedPreemption",
+        "kueue.x-k8s.io",
+        "workloads/status",
+        &["update"],
+    ),
+    (
+        "MultiKueueManagerQuotaAutomation",
+        "kueue.x-k8s.io",
+        "clusterqueues",
+        &["list", "watch"],
+    ),
+    (
+        "MultiKueueManagerQuotaAutomation",
+        "kueue.x-k8s.io",
+        "localqueues",
+        &["list", "watch"],
+    ),
+];
+
+fn requests(group: &str, resource: &str, verbs: &[&str]) -> BTreeSet<Request> {
+    verbs
+        .iter()
+        .map(|v| (group.to_owned(), resource.to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// The requests MultiKueue makes on a worker under a Kueue configuration: the Workloads', each
+/// enabled integration's, and those of the gates it turns on. An integration missing from
+/// [`FRAMEWORKS`] fails, naming it.
+fn worker_requests(kueue: &Value, what: &str) -> BTreeSet<Request> {
+    let mut want = BTreeSet::new();
+    for (group, resource, verbs) in WORKLOAD_REQUESTS {
+        want.extend(requests(group, resource, verbs));
+    }
+    for framework in strings(
+        &kueue["integrations"]["frameworks"],
+        "integrations.frameworks",
+    ) {
+        let (_, group, resource, verbs) = FRAMEWORKS
+            .iter()
+            .find(|f| f.0 == framework)
+            .unwrap_or_else(|| panic!("{what}: integration {framework:?} is not in FRAMEWORKS"));
+        want.extend(requests(group, resource, verbs));
+    }
+    for (gate, group, resource, verbs) in GATED_REQUESTS {
+        if kueue["featureGates"][gate] == true {
+            want.extend(requests(group, resource, verbs));
+        }
+    }
+    want
+}
+
+/// What a ClusterRole's rules allow, expanded; a wildcard or a resourceName-restricted rule
+/// fails (neither can state "exactly these requests").
+fn granted(role: &Value) -> BTreeSet<Request> {
+    let mut have = BTreeSet::new();
+    for rule in list(&role["rules"], "rules") {
+        assert!(
+            rule["resourceNames"].is_null() && rule["nonResourceURLs"].is_null(),
+            "{rule}"
+        );
+        for group in strings(&rule["apiGroups"], "apiGroups") {
+            for resource in strings(&rule["resources"], "resources") {
+                for verb in strings(&rule["verbs"], "verbs") {
+                    assert!(
+                        ![&group, &resource, &verb].iter().any(|x| x.contains('*')),
+                        "no wildcards in the worker role: {rule}"
+                    );
+                    have.insert((group.clone(), resource.clone(), verb));
+                }
+            }
+        }
+    }
+    have
+}
+
+/// The rendered Kueue configurations a worker may face: both overlays' over every Kueue
+/// version, and the older component's, as the test of section 3 renders it.
+fn kueue_configs_shipped() -> Vec<(String, Value)> {
+    let mut configs: Vec<(String, Value)> = overlays()
+        .into_iter()
+        .map(|(dir, _, objects)| (dir, kueue_config(&objects)))
+        .collect();
+    for (dir, _) in KUEUE_CONFIG_COMPONENTS {
+        let file = format!("{dir}/{KUEUE_CONFIG_KEY}");
+        let text = std::fs::read_to_string(repo().join(&file)).expect("read the component");
+        configs.push((file.clone(), parse_yaml(&text, &file)));
+    }
+    configs
+}
+
+/// Defect: with Kueue's default `integrations.frameworks`, MultiKueue watched a dozen kinds on
+/// every worker and refused any worker lacking one CRD or its RBAC, and the worker RBAC deploy.md
+/// named covered Jobs, JobSets and Workloads only. The shipped worker role must grant every
+/// request MultiKueue makes for what the shipped Kueue configuration enables, and nothing more.
+#[test]
+fn worker_rbac_grants_exactly_what_multikueue_does_on_a_worker() {
+    let objects = render(WORKER_RBAC);
+    let role = find(&objects, "ClusterRole", WORKER_RBAC_NAME);
+    let have = granted(role);
+    for (what, kueue) in kueue_configs_shipped() {
+        let want = worker_requests(&kueue, &what);
+        // The watches first: one missing keeps the worker from ever turning Active.
+        let watches: Vec<_> = want.iter().filter(|r| r.2 == "watch").collect();
+        for w in &watches {
+            assert!(
+                have.contains(*w),
+                "{what}: MultiKueue opens a watch on {}.{} on every worker, which {WORKER_RBAC} \
+                 does not grant: the worker never turns Active",
+                w.1,
+                w.0
+            );
+        }
+        let missing: Vec<_> = want.difference(&have).collect();
+        let extra: Vec<_> = have.difference(&want).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{what}: {WORKER_RBAC}'s ClusterRole must grant exactly MultiKueue's requests on a \
+             worker; missing {missing:?}, beyond them {extra:?}"
+        );
+    }
+
+    // The on-prem identity: a ServiceAccount in kueue-system, bound to that role.
+    let sa = find(&objects, "ServiceAccount", WORKER_RBAC_NAME);
+    assert_eq!(sa["metadata"]["namespace"], NAMESPACE);
+    let binding = find(&objects, "ClusterRoleBinding", WORKER_RBAC_NAME);
+    assert_eq!(
+        binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": WORKER_RBAC_NAME})
+    );
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": WORKER_RBAC_NAME, "namespace": NAMESPACE}])
+    );
+    assert_eq!(objects.len(), 3, "{WORKER_RBAC}: role, account, binding");
+}
+
+/// The checks above bite: Kueue's default frameworks need rules the worker role lacks, a
+/// gate turned on adds its requests, and an unknown integration is named.
+#[test]
+fn worker_requests_follow_the_frameworks_and_gates() {
+    let role = &render(WORKER_RBAC)[..];
+    let have = granted(find(role, "ClusterRole", WORKER_RBAC_NAME));
+    let defaults = json!({"integrations": {"frameworks": [
+        "batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/raycluster",
+        "ray.io/rayservice", "jobset.x-k8s.io/jobset", "workload.codeflare.dev/appwrapper",
+        "trainer.kubeflow.org/trainjob", "pod", "deployment", "statefulset",
+        "leaderworkerset.x-k8s.io/leaderworkerset"]}});
+    let want = worker_requests(&defaults, "Kueue v0.19.2's defaults");
+    assert!(want.contains(&(
+        "leaderworkerset.x-k8s.io".into(),
+        "leaderworkersets".into(),
+        "watch".into()
+    )));
+    assert!(
+        !want.is_subset(&have),
+        "the default frameworks need more than the role"
+    );
+    let gated = json!({"integrations": {"frameworks": ["batch/job"]},
+                       "featureGates": {"MultiKueueManagerQuotaAutomation": true}});
+    assert!(worker_requests(&gated, "gated").contains(&(
+        "kueue.x-k8s.io".into(),
+        "localqueues".into(),
+        "watch".into()
+    )));
+    let unknown = std::panic::catch_unwind(|| {
+        worker_requests(
+            &json!({"integrations": {"frameworks": ["example.com/foo"]}}),
+            "x",
+        )
+    });
+    assert!(unknown.is_err(), "an integration FRAMEWORKS lacks fails");
+}
+
+/// docs/deploy.md, "Integrations on workers": its table is [`FRAMEWORKS`], row for row.
+#[test]
+fn deploy_md_integrations_table_is_the_one_the_tests_hold() {
+    let text = std::fs::read_to_string(repo().join("docs/deploy.md")).expect("deploy.md");
+    let at = text
+        .find("### Integrations on workers")
+        .expect("docs/deploy.md has \"Integrations on workers\"");
+    let rows: Vec<Vec<String>> = text[at..]
+        .lines()
+        .skip_while(|l| !l.starts_with("| integration"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().trim_matches('`').to_owned())
+                .collect()
+        })
+        .collect();
+    let from_doc: Vec<(String, String, String, Vec<String>)> = rows
+        .iter()
+        .map(|r| {
+            let group = if r[1] == "\"\" (core)" || r[1].starts_with("\"\"") {
+                String::new()
+            } else {
+                r[1].clone()
+            };
+            let verbs = if r[3].starts_with("none") {
+                Vec::new()
+            } else {
+                r[3].split(',')
+                    .map(|v| v.split('(').next().unwrap_or("").trim().to_owned())
+                    .collect()
+            };
+            (r[0].clone(), group, r[2].clone(), verbs)
+        })
+        .collect();
+    let held: Vec<(String, String, String, Vec<String>)> = FRAMEWORKS
+        .iter()
+        .map(|(f, g, r, v)| {
+            (
+                (*f).to_owned(),
+                (*g).to_owned(),
+                (*r).to_owned(),
+                v.iter().map(|s| (*s).to_owned()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        from_doc, held,
+        "docs/deploy.md's table and FRAMEWORKS differ"
+    );
+}
+
+/// Both Kueue configuration components: Kueue's default configuration of their version with
+/// the credbroker sections, `batch/job` only, and the same entries, gates and frameworks; the
+/// only difference in what credbroker adds is the list's name.
+#[test]
+fn kueue_config_components_differ_only_in_the_list_name() {
+    let mut sections = Vec::new();
+    for ((dir, list_name), version) in KUEUE_CONFIG_COMPONENTS
+        .iter()
+        .zip([SHIPPED_KUEUE_VERSION, OLDER_KUEUE_VERSION])
+    {
+        let file = format!("{dir}/{KUEUE_CONFIG_KEY}");
+        let text = std::fs::read_to_string(repo().join(&file)).expect("read the component");
+        assert!(
+            text.contains(&format!("Kueue {version}'s default configuration")),
+            "{file} says whose configuration it carries"
+        );
+        let mut config = parse_yaml(&text, &file);
+        assert_eq!(
+            strings(&config["integrations"]["frameworks"], "frameworks"),
+            ["batch/job"],
+            "{file}: MultiKueue watches every enabled integration's kind on every worker"
+        );
+        let profile = config["multiKueue"]["clusterProfile"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{file}: no multiKueue.clusterProfile"));
+        let keys: Vec<&String> = profile.keys().collect();
+        assert_eq!(keys, [list_name], "{file}: the list is {list_name}");
+        let entries = profile[*list_name].clone();
+        // Kueue's own default, from the module of that version, is the rest of the file.
+        let default_file = kueue::kueue_dir(version)
+            .join("config/components/manager/controller_manager_config.yaml");
+        let default = parse_yaml(
+            &std::fs::read_to_string(&default_file).expect("Kueue's default config"),
+            &default_file.display().to_string(),
+        );
+        let obj = config.as_object_mut().expect("a map");
+        let ours: BTreeMap<String, Value> = ["integrations", "featureGates", "multiKueue"]
+            .into_iter()
+            .map(|k| (k.to_owned(), obj.remove(k).unwrap_or(Value::Null)))
+            .collect();
+        let mut default = default;
+        default
+            .as_object_mut()
+            .expect("a map")
+            .remove("integrations");
+        assert_eq!(
+            config, default,
+            "{file}: apart from integrations, featureGates and multiKueue it is Kueue {version}'s default"
+        );
+        sections.push((
+            file,
+            ours["featureGates"].clone(),
+            ours["integrations"].clone(),
+            entries,
+        ));
+    }
+    let (first, rest) = sections.split_first().expect("two components");
+    for other in rest {
+        assert_eq!(
+            first.1, other.1,
+            "{} and {}: featureGates",
+            first.0, other.0
+        );
+        assert_eq!(
+            first.2, other.2,
+            "{} and {}: integrations",
+            first.0, other.0
+        );
+        assert_eq!(
+            first.3, other.3,
+            "{} and {}: the exec entries",
+            first.0, other.0
+        );
+    }
+}
+
+/// Defect: Kueue v0.15-v0.18 decode their configuration strictly and know only
+/// `credentialsProviders`, so `kueue-config` (v0.19's `accessProviders`) stopped their manager at
+/// start. Section 3's kustomization, with `kueue-config-credentials-providers` listed instead as
+/// it says, over Kueue v0.17.0's config/default, gives a configuration Kueue v0.17.0's own
+/// binary loads; `kueue-config`'s is refused by it, naming the unknown field, and loaded by
+/// v0.19.2.
+#[test]
+fn older_kueue_loads_the_credentials_providers_component() {
+    let (component, _) = OLDER_KUEUE_COMPONENT[0];
+    let short = component.rsplit('/').next().expect("a name");
+    let doc = std::fs::read_to_string(repo().join("docs/deploy.md")).expect("deploy.md");
+    let section3 =
+        &doc[doc.find("## 3. ").expect("section 3")..doc.find("## 4. ").expect("section 4")];
+    assert!(
+        section3.contains(&format!("list `{short}` instead of `kueue-config`")),
+        "docs/deploy.md, section 3, tells users of Kueue v0.15-v0.18 to list {short}"
+    );
+    let files = user_files_from_deploy_md();
+    let kustomization = &files["kustomization.yaml"];
+    let release = format!(
+        "https://github.com/kubernetes-sigs/kueue/releases/download/{SHIPPED_KUEUE_VERSION}/manifests.yaml"
+    );
+    let tmp = tempdir();
+    kueue::deploy_over_kueue(&repo(), &tmp.path().join("credbroker"), OLDER_KUEUE_VERSION);
+    let user = tmp.path().join(USER_DIR);
+    std::fs::create_dir_all(user.join("credbroker-config")).expect("mkdir");
+    let older_default = kueue::relative_path(
+        &user,
+        &kueue::kueue_dir(OLDER_KUEUE_VERSION).join("config/default"),
+    );
+    let needle = "deploy/kueue/components/kueue-config ";
+    assert!(
+        kustomization.contains(needle),
+        "section 3 lists kueue-config"
+    );
+    let older = kustomization
+        .replace(&release, older_default.to_str().expect("UTF-8"))
+        .replace(needle, &format!("deploy/kueue/components/{short} "));
+    for (path, text) in [
+        ("kustomization.yaml", older.as_str()),
+        (
+            "credbroker-config/kustomization.yaml",
+            files["credbroker-config/kustomization.yaml"].as_str(),
+        ),
+        (
+            "credbroker-config/credbroker.yaml",
+            files["credbroker-config/credbroker.yaml"].as_str(),
+        ),
+    ] {
+        std::fs::write(user.join(path), text).expect("write the user's overlay");
+    }
+    let out = run(
+        Command::new(kubectl()).arg("kustomize").arg(&user),
+        COMMAND_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {USER_DIR} for Kueue {OLDER_KUEUE_VERSION}: {}",
+        describe(&out)
+    );
+    let objects = parse_yaml_stream(&String::from_utf8_lossy(&out.stdout), "older Kueue");
+    let older_text = kueue_config_text(&objects);
+    let older_config = parse_yaml(&older_text, "the older component's config");
+    assert!(
+        older_config["multiKueue"]["clusterProfile"]["credentialsProviders"].is_array(),
+        "the rendered configuration is the older component's"
+    );
+
+    let shipped_text = kueue_config_text(&render_over(OVERLAYS[0].0, OLDER_KUEUE_VERSION));
+    assert_eq!(
+        kueue::kueue_loads_config(OLDER_KUEUE_VERSION, &older_text, &tmp.path().join("older")),
+        kueue::ConfigVerdict::Loaded,
+        "Kueue {OLDER_KUEUE_VERSION} loads section 3's configuration with {short}"
+    );
+    match kueue::kueue_loads_config(
+        OLDER_KUEUE_VERSION,
+        &shipped_text,
+        &tmp.path().join("refused"),
+    ) {
+        kueue::ConfigVerdict::Refused(line) => assert!(
+            line.contains("accessProviders") && line.contains("unknown field"),
+            "Kueue {OLDER_KUEUE_VERSION} refuses kueue-config for its unknown list name: {line}"
+        ),
+        kueue::ConfigVerdict::Loaded => panic!(
+            "Kueue {OLDER_KUEUE_VERSION} loaded kueue-config's accessProviders: is the strict \
+             decoding check broken?"
+        ),
+    }
+    assert_eq!(
+        kueue::kueue_loads_config(
+            SHIPPED_KUEUE_VERSION,
+            &shipped_text,
+            &tmp.path().join("shipped")
+        ),
+        kueue::ConfigVerdict::Loaded,
+        "Kueue {SHIPPED_KUEUE_VERSION} loads kueue-config"
+    );
 }

@@ -1121,3 +1121,340 @@ status:
     );
     assert_fails("```yaml k8s\nstatus: {}\n```\n", "whole objects only");
 }
+
+// ---------------------------------------------------------------------------------------
+// References between files, the debug recipe, the kubectl the docs need
+// ---------------------------------------------------------------------------------------
+
+/// The headings of a Markdown text (outside fenced blocks), without their `#`s.
+fn headings(text: &str) -> Vec<String> {
+    let mut fence: Option<char> = None;
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let t = line.trim_start();
+        let c = t.chars().next();
+        if t.starts_with("```") || t.starts_with("~~~") {
+            match fence {
+                None => fence = c,
+                Some(f) if Some(f) == c => fence = None,
+                Some(_) => {}
+            }
+            continue;
+        }
+        if fence.is_none() && line.starts_with('#') {
+            found.push(line.trim_start_matches('#').trim().to_owned());
+        }
+    }
+    found
+}
+
+/// A text with each line's indentation and comment marks (`#`, `//`) dropped and the lines
+/// joined by spaces, so a reference wrapped over two comment lines reads as one.
+fn joined(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            l.trim_start()
+                .trim_start_matches('#')
+                .trim_start_matches("//")
+                .trim()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `FILE, "HEADING"` references in `text` (FILE: a `.md` path or `README`), as (file relative
+/// to the repository root, heading).
+fn heading_references(text: &str) -> Vec<(String, String)> {
+    let text = joined(text);
+    let mut refs = Vec::new();
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find(", \"") {
+        let before = &rest[..at];
+        let token = before
+            .rsplit(|c: char| !(c.is_ascii_alphanumeric() || "/._-".contains(c)))
+            .next()
+            .unwrap_or("");
+        let after = &rest[at + 3..];
+        let Some(end) = after.find('"') else { break };
+        let heading = after[..end].to_owned();
+        let file = if token == "README" || token == "README.md" {
+            Some("README.md".to_owned())
+        } else if token.ends_with(".md") {
+            // A bare name is a page of docs/ (deploy.md) or of the root (BENCHMARKS.md).
+            let docs = format!("docs/{token}");
+            Some(
+                if !token.contains('/') && repo_root().join(&docs).is_file() {
+                    docs
+                } else {
+                    token.to_owned()
+                },
+            )
+        } else {
+            None
+        };
+        if let Some(file) = file {
+            refs.push((file, heading));
+        }
+        rest = &after[end..];
+    }
+    refs
+}
+
+/// `section N` (and `sections N and M`) in `text`: the numbers.
+fn section_references(text: &str) -> Vec<u32> {
+    let text = joined(text);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut found = Vec::new();
+    for (i, w) in words.iter().enumerate() {
+        if *w == "section" || *w == "sections" {
+            for next in words[i + 1..].iter().take(3) {
+                let n = next.trim_end_matches(|c: char| !c.is_ascii_digit());
+                match n.parse::<u32>() {
+                    Ok(n) => found.push(n),
+                    Err(_) if *next == "and" => continue,
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Every file under deploy/ (relative to the root), for the references its comments make.
+fn deploy_files(root: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.join("deploy")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read deploy/").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                found.push(
+                    path.strip_prefix(root)
+                        .expect("under the root")
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Defect: comments in deploy/ pointed at sections docs/deploy.md does not have ("Point the
+/// overlay at your Kueue", "Your broker config"). Every `FILE, "HEADING"` reference in deploy/
+/// and the docs to README or a page of docs/ names a heading of FILE, and every `section N` in deploy/ and docs/deploy.md a
+/// numbered section of docs/deploy.md.
+#[test]
+fn references_name_headings_and_sections_that_exist() {
+    let root = repo_root();
+    let deploy_md = std::fs::read_to_string(root.join("docs/deploy.md")).expect("deploy.md");
+    let numbered: BTreeSet<u32> = headings(&deploy_md)
+        .iter()
+        .filter_map(|h| h.split_once(". ").and_then(|(n, _)| n.parse().ok()))
+        .collect();
+    assert!(
+        numbered.contains(&10),
+        "deploy.md's numbered sections: {numbered:?}"
+    );
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    let mut files = deploy_files(&root);
+    files.extend(doc_files(&root));
+    for file in &files {
+        let Ok(text) = std::fs::read_to_string(root.join(file)) else {
+            continue; // not text
+        };
+        for (target, heading) in heading_references(&text) {
+            // README and docs/ pages; BENCHMARKS.md names its sections otherwise.
+            if !(target == "README.md" || target.starts_with("docs/")) {
+                continue;
+            }
+            checked += 1;
+            let Ok(target_text) = std::fs::read_to_string(root.join(&target)) else {
+                failures.push(format!("{file}: {target}, {heading:?}: no file {target}"));
+                continue;
+            };
+            let found = headings(&target_text).iter().any(|h| {
+                *h == heading
+                    || h.split_once(". ")
+                        .is_some_and(|(_, title)| title == heading)
+            });
+            if !found {
+                failures.push(format!(
+                    "{file}: {target}, {heading:?}: {target} has no such heading"
+                ));
+            }
+        }
+        if file.starts_with("deploy/") || file == "docs/deploy.md" {
+            for n in section_references(&text) {
+                checked += 1;
+                if !numbered.contains(&n) {
+                    failures.push(format!(
+                        "{file}: section {n}: docs/deploy.md has no section {n}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 30,
+        "only {checked} references found: is the scan broken?"
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn reference_scanners_read_wrapped_comments() {
+    let text = "# see docs/deploy.md, \"The broker's identity on each\n#   worker\" and README, \"The shim\";\n# (docs/deploy.md,\n# section 3), sections 3 and 5";
+    assert_eq!(
+        heading_references(text),
+        [
+            (
+                "docs/deploy.md".to_owned(),
+                "The broker's identity on each worker".to_owned()
+            ),
+            ("README.md".to_owned(), "The shim".to_owned())
+        ]
+    );
+    assert_eq!(section_references(text), [3, 3, 5]);
+    assert_eq!(
+        headings("# A\n```sh x\n# not a heading\n```\n## 3. B\n"),
+        ["A", "3. B"]
+    );
+}
+
+/// The socket path the broker config credbroker ships puts the socket at.
+fn shipped_socket_path() -> String {
+    let file = "deploy/kueue/components/credbroker-sidecar/credbroker.yaml";
+    let text = std::fs::read_to_string(repo_root().join(file)).expect("the sidecar's config");
+    let config: Value = serde_norway::from_str(&text).expect("YAML");
+    config["socket"]["path"]
+        .as_str()
+        .expect("socket.path")
+        .to_owned()
+}
+
+/// Defect: docs/operations.md ran its grpcurl recipes "from a debug container that mounts the
+/// socket volume", which `kubectl debug` cannot make (an ephemeral container gets no volume
+/// mounts). Every in-cluster grpcurl recipe reaches the socket as docs/deploy.md, section 8,
+/// does: through the broker's root, `/proc/1/root`, from a container targeting the sidecar.
+#[test]
+fn in_cluster_grpcurl_recipes_reach_the_socket_through_the_sidecars_root() {
+    let root = repo_root();
+    let want = format!("/proc/1/root{}", shipped_socket_path());
+    let mut recipes = 0;
+    for file in ["docs/deploy.md", "docs/operations.md"] {
+        for block in blocks_of(&root, file) {
+            if block.kind.as_deref() != Some("needs-cluster") || !block.body.contains("grpcurl") {
+                continue;
+            }
+            recipes += 1;
+            let socks: Vec<&str> = block
+                .body
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("sock="))
+                .collect();
+            assert!(
+                !socks.is_empty(),
+                "{}: names the socket with sock=…",
+                block.at()
+            );
+            for sock in socks {
+                let path = sock
+                    .trim_start_matches("${sock:-")
+                    .trim_end_matches('}')
+                    .trim_matches('"');
+                assert_eq!(
+                    path,
+                    want,
+                    "{}: a `kubectl debug` container sees the socket only through the sidecar's \
+                     root (docs/deploy.md, section 8)",
+                    block.at()
+                );
+            }
+        }
+        let text = std::fs::read_to_string(root.join(file)).expect("read");
+        assert!(
+            !text.contains("mounts the socket volume"),
+            "{file}: `kubectl debug` cannot mount the socket volume"
+        );
+    }
+    assert!(
+        recipes >= 3,
+        "only {recipes} in-cluster grpcurl recipes found"
+    );
+    let ops = std::fs::read_to_string(root.join("docs/operations.md")).expect("operations.md");
+    assert!(
+        ops.contains("deploy.md#8-verify-with-grpcurl-from-a-debug-container"),
+        "docs/operations.md points at the debug container of docs/deploy.md, section 8"
+    );
+}
+
+/// The kubectl flags the docs use that need a newer kubectl than the rest: (subcommand, flag,
+/// the first minor release with it on by default). `kubectl debug --custom` with a YAML file:
+/// KEP-4292, alpha behind KUBECTL_DEBUG_CUSTOM_PROFILE in 1.30, beta and on by default with
+/// YAML in 1.31. `kubectl apply --subresource`: 1.27.
+const KUBECTL_FLAG_VERSIONS: [(&str, &str, u32); 2] =
+    [("debug", "--custom", 31), ("apply", "--subresource", 27)];
+
+/// Defect: section 8 runs `kubectl debug --custom`, which needs kubectl 1.31, while
+/// Requirements said 1.27. The kubectl Requirements name is at least what every kubectl flag
+/// the docs use needs, and the kubectl here knows those flags.
+#[test]
+fn requirements_name_a_kubectl_that_runs_every_recipe() {
+    let root = repo_root();
+    let deploy = std::fs::read_to_string(root.join("docs/deploy.md")).expect("deploy.md");
+    let req = &deploy[deploy.find("## Requirements").expect("Requirements")..];
+    let req = &req[..req[3..].find("\n## ").map_or(req.len(), |i| i + 3)];
+    let minor: u32 = req
+        .split("kubectl ≥ 1.")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .expect("Requirements say `kubectl ≥ 1.N`");
+    let mut used = 0;
+    for file in doc_files(&root) {
+        for block in blocks_of(&root, &file) {
+            if block.lang != "sh" && block.lang != "bash" {
+                continue;
+            }
+            for line in logical_lines(&block.body) {
+                for (sub, flag, needs) in KUBECTL_FLAG_VERSIONS {
+                    let words: Vec<&str> = line.split_whitespace().collect();
+                    let runs = words
+                        .iter()
+                        .position(|w| *w == "kubectl")
+                        .is_some_and(|k| words[k + 1..].contains(&sub));
+                    if runs && words.iter().any(|w| w.starts_with(flag)) {
+                        used += 1;
+                        assert!(
+                            minor >= needs,
+                            "{}: `kubectl {sub} {flag}` needs kubectl ≥ 1.{needs}; docs/deploy.md, \
+                             Requirements, says 1.{minor}",
+                            block.at()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        used >= 2,
+        "the docs use the flags this test knows ({used} uses)"
+    );
+    let kubectl = require_tool("kubectl", "install kubectl");
+    for (sub, flag, _) in KUBECTL_FLAG_VERSIONS {
+        let out = run(
+            Command::new(&kubectl).args([sub, "--help"]),
+            COMMAND_TIMEOUT,
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(&format!("{flag}=")),
+            "kubectl {sub} here has no {flag}: {}",
+            describe(&out)
+        );
+    }
+}
