@@ -2954,9 +2954,18 @@ fn deploy_md_integrations_table_is_the_one_the_tests_hold() {
             let verbs = if r[3].starts_with("none") {
                 Vec::new()
             } else {
-                r[3].split(',')
-                    .map(|v| v.split('(').next().unwrap_or("").trim().to_owned())
-                    .collect()
+                // Drop the notes in parentheses (they hold commas too), then split.
+                let mut bare = String::new();
+                let mut depth = 0;
+                for c in r[3].chars() {
+                    match c {
+                        '(' => depth += 1,
+                        ')' => depth -= 1,
+                        _ if depth == 0 => bare.push(c),
+                        _ => {}
+                    }
+                }
+                bare.split(',').map(|v| v.trim().to_owned()).collect()
             };
             (r[0].clone(), group, r[2].clone(), verbs)
         })
