@@ -20,10 +20,17 @@
 //!   The certificate is verified against `tls-server-name` when the request names one, else
 //!   the server's host. Verification is skipped only when the request itself says
 //!   `insecure-skip-tls-verify`. Redirects are not followed.
-//! - **Route**: never a proxy for a loopback server (Go's rule); else the request's
-//!   `proxy-url` when it has one (http, https or socks5, as client-go), else the broker's
-//!   `HTTPS_PROXY`/`NO_PROXY` (the sidecar shares the pod's network and should share Kueue's
-//!   proxy settings).
+//! - **Route** ([`route`], [`dial`]): client-go's, rule for rule. The server string is read as
+//!   Go's `url.Parse` reads it and the path is built as client-go's `rest` package builds it
+//!   (the server's path a prefix: `https://h/p` asks `/p/apis/…`, and `https://h//x:1/` asks
+//!   `h` for `/x:1/apis/…`); the request's `proxy-url` is used for every server, loopback
+//!   included (http, https or socks5, as client-go); without one, the broker's `HTTPS_PROXY`
+//!   (else `https_proxy`) unless `NO_PROXY` (else `no_proxy`) or a loopback host says
+//!   otherwise, as Go's httpproxy reads them (the sidecar shares the pod's network and should
+//!   share Kueue's proxy settings). SNI is `tls-server-name` when given.
+//! - **Headers**: `Authorization: Bearer` for a token; nothing for a client certificate
+//!   (it goes in the handshake); `Authorization: Basic` alone when the server URL has
+//!   userinfo (Go's `http.Client` sets it, then client-go adds no token).
 //! - **Bounds**: [`CHECK_TIMEOUT`] per check, at most [`MAX_CONCURRENT_CHECKS`] at once; the
 //!   cache runs one check per entry at a time and reuses an answer briefly
 //!   ([`crate::cache::CHECK_REUSE`]).
