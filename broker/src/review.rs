@@ -20,10 +20,17 @@
 //!   The certificate is verified against `tls-server-name` when the request names one, else
 //!   the server's host. Verification is skipped only when the request itself says
 //!   `insecure-skip-tls-verify`. Redirects are not followed.
-//! - **Route**: never a proxy for a loopback server (Go's rule); else the request's
-//!   `proxy-url` when it has one (http, https or socks5, as client-go), else the broker's
-//!   `HTTPS_PROXY`/`NO_PROXY` (the sidecar shares the pod's network and should share Kueue's
-//!   proxy settings).
+//! - **Route** ([`route`], [`dial`]): client-go's, rule for rule. The server string is read as
+//!   Go's `url.Parse` reads it and the path is built as client-go's `rest` package builds it
+//!   (the server's path a prefix: `https://h/p` asks `/p/apis/…`, and `https://h//x:1/` asks
+//!   `h` for `/x:1/apis/…`); the request's `proxy-url` is used for every server, loopback
+//!   included (http, https or socks5, as client-go); without one, the broker's `HTTPS_PROXY`
+//!   (else `https_proxy`) unless `NO_PROXY` (else `no_proxy`) or a loopback host says
+//!   otherwise, as Go's httpproxy reads them (the sidecar shares the pod's network and should
+//!   share Kueue's proxy settings). SNI is `tls-server-name` when given.
+//! - **Headers**: `Authorization: Bearer` for a token; nothing for a client certificate
+//!   (it goes in the handshake); `Authorization: Basic` alone when the server URL has
+//!   userinfo (Go's `http.Client` sets it, then client-go adds no token).
 //! - **Bounds**: [`CHECK_TIMEOUT`] per check, at most [`MAX_CONCURRENT_CHECKS`] at once; the
 //!   cache runs one check per entry at a time and reuses an answer briefly
 //!   ([`crate::cache::CHECK_REUSE`]).
@@ -37,6 +44,8 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use http_body_util::Full;
+use hyper::body::Bytes;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject as _;
@@ -44,9 +53,13 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio::sync::Semaphore;
 
-use crate::providers::upstream::{CertEnv, error_chain, trust_roots};
+use crate::providers::upstream::{CertEnv, trust_roots};
 use crate::providers::{BoxFuture, Credential, CredentialSecret};
 use crate::request::ClusterInfo;
+use route::{GoUrl, ProxyEnv};
+
+mod dial;
+mod route;
 
 /// The path every API server since 1.28 serves to any authenticated user (GA in 1.28,
 /// `authentication.k8s.io/v1`); older servers answer 404 after authenticating, which counts
@@ -121,6 +134,8 @@ pub struct ApiServerCheck {
     provider: Arc<CryptoProvider>,
     /// The broker's trust roots, read at the first check that needs them.
     roots: OnceLock<Arc<RootCertStore>>,
+    /// The broker's `HTTPS_PROXY`/`NO_PROXY`, read at the first check.
+    proxy_env: OnceLock<ProxyEnv>,
     permits: Semaphore,
 }
 
@@ -135,6 +150,7 @@ impl Default for ApiServerCheck {
         Self {
             provider: Arc::new(rustls::crypto::aws_lc_rs::default_provider()),
             roots: OnceLock::new(),
+            proxy_env: OnceLock::new(),
             permits: Semaphore::new(MAX_CONCURRENT_CHECKS),
         }
     }
@@ -153,30 +169,28 @@ impl CredentialCheck for ApiServerCheck {
                         .to_owned(),
                 )
             })
-            .and_then(|c| self.client(c, credential));
+            .and_then(|c| self.prepare(c, credential));
         Box::pin(async move {
-            let (client, url, token) = match prepared {
+            let prepared = match prepared {
                 Ok(p) => p,
                 Err(answer) => return answer,
             };
             let ask = async {
                 let _permit = self.permits.acquire().await;
-                let mut post = client
-                    .post(url)
-                    .header(http::header::CONTENT_TYPE, "application/json")
-                    .header(http::header::ACCEPT, "application/json")
-                    .body(REVIEW_BODY);
-                if let Some(token) = token {
-                    post = post.bearer_auth(token);
-                }
-                post.send().await
+                dial::post(
+                    &prepared.server,
+                    prepared.proxy.as_ref(),
+                    &prepared.tls,
+                    prepared.request,
+                )
+                .await
             };
             match tokio::time::timeout(CHECK_TIMEOUT, ask).await {
                 Err(_) => {
                     Answer::Unreachable(format!("no answer within {}s", CHECK_TIMEOUT.as_secs()))
                 }
-                Ok(Err(e)) => Answer::Unreachable(error_chain(&e)),
-                Ok(Ok(response)) => classify(response.status().as_u16()),
+                Ok(Err(why)) => Answer::Unreachable(why),
+                Ok(Ok(status)) => classify(status),
             }
         })
     }
@@ -193,50 +207,77 @@ fn classify(status: u16) -> Answer {
     }
 }
 
-/// The client, the review's URL, and the bearer token (none for a client certificate).
-type Prepared = (reqwest::Client, reqwest::Url, Option<String>);
+/// One check, ready to send: where to, through what, with which TLS, and the request.
+struct Prepared {
+    server: GoUrl,
+    proxy: Option<GoUrl>,
+    tls: dial::Tls,
+    request: http::Request<Full<Bytes>>,
+}
 
 impl ApiServerCheck {
-    /// A one-off client for this cluster and credential: a check is rare (re-asks only) and
-    /// each cluster has its own trust, name and route. A request client-go could not have
-    /// sent from a working kubeconfig (a server that is not https: client-go runs exec
-    /// plugins only for https) cannot be checked; a cluster entry client-go could not connect
-    /// with (CA data, name or proxy it refuses) is unreachable for client-go too.
-    fn client(&self, cluster: &ClusterInfo, credential: &Credential) -> Result<Prepared, Answer> {
-        let unchecked = |why: &str| Answer::Unchecked(why.to_owned());
-        let server = reqwest::Url::parse(&cluster.server)
-            .map_err(|e| Answer::Unchecked(format!("the cluster's server is not a URL ({e})")))?;
-        if server.scheme() != "https" {
-            return Err(unchecked("the cluster's server is not https"));
-        }
-        let Some(host) = server.host_str() else {
-            return Err(unchecked("the cluster's server names no host"));
-        };
-        let url = server
-            .join(&format!(
-                "{}{REVIEW_PATH}",
-                server.path().trim_end_matches('/')
-            ))
-            .map_err(|e| Answer::Unchecked(format!("the cluster's server is not a URL ({e})")))?;
-        let (client, token) = self
-            .client_for(cluster, credential, host)
-            .map_err(Answer::Unreachable)?;
-        Ok((client, url, token))
+    /// The broker's proxy settings, read at the first check as Go reads them once.
+    fn proxy_env(&self) -> &ProxyEnv {
+        self.proxy_env.get_or_init(ProxyEnv::from_process)
     }
 
-    fn client_for(
+    /// The check for this cluster and credential, as client-go would send a request with
+    /// them: each cluster has its own trust, name and route, and a check is rare (re-asks
+    /// only), so nothing is pooled. A request client-go could not have sent from a working
+    /// kubeconfig (a server that is not an https URL: client-go runs exec plugins only for
+    /// https) cannot be checked; a cluster entry client-go could not connect with (CA data,
+    /// name or proxy it refuses) is unreachable for client-go too.
+    fn prepare(&self, cluster: &ClusterInfo, credential: &Credential) -> Result<Prepared, Answer> {
+        let server = GoUrl::parse(&cluster.server).map_err(|why| {
+            Answer::Unchecked(format!("the cluster's server is not a URL ({why})"))
+        })?;
+        if server.scheme != "https" {
+            return Err(Answer::Unchecked(
+                "the cluster's server is not https".to_owned(),
+            ));
+        }
+        if server.hostname().is_empty() {
+            return Err(Answer::Unchecked(
+                "the cluster's server names no host".to_owned(),
+            ));
+        }
+        let proxy = route::proxy_for(&server, &cluster.proxy_url, self.proxy_env())
+            .map_err(Answer::Unreachable)?;
+        let tls = self
+            .tls(cluster, credential, &server)
+            .map_err(Answer::Unreachable)?;
+        let request = review_request(&server, credential).map_err(Answer::Unreachable)?;
+        Ok(Prepared {
+            server,
+            proxy,
+            tls,
+            request,
+        })
+    }
+
+    /// client-go's TLS for the cluster: the request's CA data, else the broker's roots; the
+    /// certificate verified (and SNI sent) for `tls-server-name`, else the server's host;
+    /// nothing verified only with `insecure-skip-tls-verify`; a client certificate when the
+    /// credential is one.
+    fn tls(
         &self,
         cluster: &ClusterInfo,
         credential: &Credential,
-        host: &str,
-    ) -> Result<(reqwest::Client, Option<String>), String> {
-        let name = if cluster.tls_server_name.is_empty() {
-            host.trim_start_matches('[').trim_end_matches(']')
+        server: &GoUrl,
+    ) -> Result<dial::Tls, String> {
+        let tls_server_name = if cluster.tls_server_name.is_empty() {
+            None
         } else {
-            cluster.tls_server_name.as_str()
+            Some(
+                dial::server_name(&cluster.tls_server_name)
+                    .map_err(|_| "the cluster's tls-server-name is not a host name".to_owned())?,
+            )
         };
-        let name = ServerName::try_from(name.to_owned())
-            .map_err(|_| "the cluster's tls-server-name is not a host name".to_owned())?;
+        let server_name = match &tls_server_name {
+            Some(name) => name.clone(),
+            None => dial::server_name(&server.ascii_hostname())
+                .map_err(|why| format!("the cluster's server: {why}"))?,
+        };
         let verifier: Arc<dyn ServerCertVerifier> = if cluster.insecure_skip_tls_verify {
             Arc::new(Unverified(Arc::clone(&self.provider)))
         } else {
@@ -245,23 +286,20 @@ impl ApiServerCheck {
             } else {
                 Arc::new(roots_from_pem(&cluster.certificate_authority_data)?)
             };
-            let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            rustls::client::WebPkiServerVerifier::builder_with_provider(
                 roots,
                 Arc::clone(&self.provider),
             )
             .build()
-            .map_err(|e| format!("the cluster's CA data cannot be used ({e})"))?;
-            Arc::new(Named { inner, name })
+            .map_err(|e| format!("the cluster's CA data cannot be used ({e})"))?
         };
         let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&self.provider))
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
             .dangerous()
             .with_custom_certificate_verifier(verifier);
-        let (tls, token) = match &credential.secret {
-            CredentialSecret::Token(t) => {
-                (builder.with_no_client_auth(), Some(t.expose().to_owned()))
-            }
+        let mut config = match &credential.secret {
+            CredentialSecret::Token(_) => builder.with_no_client_auth(),
             CredentialSecret::ClientCertificate {
                 certificate_pem,
                 key_pem,
@@ -271,34 +309,17 @@ impl ApiServerCheck {
                     .map_err(|_| "the client certificate is not PEM".to_owned())?;
                 let key = PrivateKeyDer::from_pem_slice(key_pem.expose().as_bytes())
                     .map_err(|_| "the client key is not PEM".to_owned())?;
-                let tls = builder
+                builder
                     .with_client_auth_cert(chain, key)
-                    .map_err(|e| format!("the client certificate cannot be used ({e})"))?;
-                (tls, None)
+                    .map_err(|e| format!("the client certificate cannot be used ({e})"))?
             }
         };
-        let mut client = reqwest::Client::builder()
-            .tls_backend_preconfigured(tls)
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(CHECK_TIMEOUT)
-            .timeout(CHECK_TIMEOUT);
-        if is_loopback(host) {
-            // Go's ProxyFromEnvironment (client-go's default) never proxies loopback.
-            client = client.no_proxy();
-        } else if !cluster.proxy_url.is_empty() {
-            // client-go's schemes (`proxy-url` in a kubeconfig).
-            let scheme = cluster.proxy_url.split_once("://").map(|(s, _)| s);
-            if !matches!(scheme, Some("http" | "https" | "socks5")) {
-                return Err("the cluster's proxy-url is not http, https or socks5".to_owned());
-            }
-            let proxy = reqwest::Proxy::all(&cluster.proxy_url)
-                .map_err(|e| format!("the cluster's proxy-url cannot be used ({e})"))?;
-            client = client.proxy(proxy);
-        }
-        let client = client
-            .build()
-            .map_err(|e| format!("no client for the cluster: {}", error_chain(&e)))?;
-        Ok((client, token))
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(dial::Tls {
+            config: Arc::new(config),
+            server_name,
+            tls_server_name,
+        })
     }
 
     fn system_roots(&self) -> Arc<RootCertStore> {
@@ -312,13 +333,50 @@ impl ApiServerCheck {
     }
 }
 
-/// `localhost` or a loopback address, as Go's `httpproxy` tells them.
-fn is_loopback(host: &str) -> bool {
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+/// The SelfSubjectReview as client-go would POST it to `server`: its path under the
+/// server's path prefix, `Host` as Go writes it, and the credential where client-go puts
+/// it: userinfo in the server URL becomes `Authorization: Basic` (Go's `http.Client`) and
+/// then no bearer token is added (client-go's token round-tripper keeps an Authorization
+/// already there); else a token is `Authorization: Bearer` and a client certificate goes
+/// in the TLS handshake alone.
+fn review_request(
+    server: &GoUrl,
+    credential: &Credential,
+) -> Result<http::Request<Full<Bytes>>, String> {
+    let host = if server.host.is_ascii() {
+        server.host.clone()
+    } else {
+        match server.port() {
+            "" => server.ascii_hostname(),
+            port => format!("{}:{port}", server.ascii_hostname()),
+        }
+    };
+    let authorization = match (server.basic_auth(), &credential.secret) {
+        (Some(basic), _) => Some(basic),
+        (None, CredentialSecret::Token(token)) => Some(format!("Bearer {}", token.expose())),
+        (None, CredentialSecret::ClientCertificate { .. }) => None,
+    };
+    let mut request = http::Request::builder()
+        .method(http::Method::POST)
+        .uri(route::request_path(server, REVIEW_PATH))
+        .header(http::header::HOST, host)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::ACCEPT, "application/json")
+        .header(
+            http::header::USER_AGENT,
+            concat!("credbroker/", env!("CARGO_PKG_VERSION")),
+        )
+        .body(Full::new(Bytes::from_static(REVIEW_BODY.as_bytes())))
+        .map_err(|_| "the cluster's server cannot be written in a request".to_owned())?;
+    if let Some(value) = authorization {
+        let mut value = http::HeaderValue::try_from(value)
+            .map_err(|_| "the credential cannot be sent in a header".to_owned())?;
+        value.set_sensitive(true);
+        request
+            .headers_mut()
+            .insert(http::header::AUTHORIZATION, value);
+    }
+    Ok(request)
 }
 
 /// The request's CA data (PEM), as client-go reads `certificate-authority-data`.
@@ -332,50 +390,6 @@ fn roots_from_pem(pem: &[u8]) -> Result<RootCertStore, String> {
         return Err("the cluster's CA data holds no usable certificate".to_owned());
     }
     Ok(store)
-}
-
-/// WebPKI verification against a name of our choosing: client-go verifies the certificate
-/// against `tls-server-name` when the kubeconfig sets one, whatever host it connects to.
-#[derive(Debug)]
-struct Named {
-    inner: Arc<rustls::client::WebPkiServerVerifier>,
-    name: ServerName<'static>,
-}
-
-impl ServerCertVerifier for Named {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _host: &ServerName<'_>,
-        ocsp: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        self.inner
-            .verify_server_cert(end_entity, intermediates, &self.name, ocsp, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
 }
 
 /// `insecure-skip-tls-verify: true`, only because the request says so (client-go's own
@@ -486,21 +500,6 @@ mod tests {
         let mut bad_proxy = cluster("https://10.0.0.1:1");
         bad_proxy.proxy_url = "ftp://proxy".into();
         assert!(unreachable(check.check(Some(&bad_proxy), &cred).await).contains("proxy-url"));
-    }
-
-    #[test]
-    fn loopback_servers_are_never_proxied() {
-        for host in ["localhost", "LOCALHOST", "127.0.0.1", "127.9.9.9", "[::1]"] {
-            assert!(is_loopback(host), "{host}");
-        }
-        for host in [
-            "10.0.0.1",
-            "example.com",
-            "[2001:db8::1]",
-            "localhost.example",
-        ] {
-            assert!(!is_loopback(host), "{host}");
-        }
     }
 
     #[tokio::test]
