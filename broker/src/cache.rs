@@ -30,11 +30,15 @@ use futures_util::FutureExt as _;
 use futures_util::future::Shared;
 use tokio::time::Instant;
 
-use crate::gate::{Gate, Purpose};
+use crate::gate::{Bounds, Full, Gate, Permit, Purpose};
 use crate::providers::{BoxFuture, Credential, Provider, ProviderError, Resolved};
-use crate::rejections::{self, CallerId, CredentialDigest, Reask, RejectionInfo, Verdict};
+use crate::rejections::{
+    self, CallerId, CheckKey, ClusterDigest, CredentialDigest, Reask, RejectionInfo, Verdict,
+};
 use crate::request::{StoredRequest, TokenRequest};
-use crate::review::{Answer, ApiServerCheck, CredentialCheck};
+use crate::review::{
+    Answer, ApiServerCheck, CHECK_TIMEOUT, CredentialCheck, MAX_CONCURRENT_CHECKS,
+};
 
 /// The design's rule: refresh at about half the lifetime, so a refresh that fails has the
 /// other half of the lifetime to succeed in.
@@ -170,6 +174,26 @@ impl CacheError {
 /// it is then served once more than need be, and client-go asks again at its next 401.
 pub const CHECK_REUSE: Duration = Duration::from_secs(1);
 
+/// How long a re-ask waits for a check slot ([`MAX_CONCURRENT_CHECKS`], shared fairly between
+/// uids, [`Gate::for_checks`]) before it is answered "unreachable" (the credential held is
+/// served). Twice [`CHECK_TIMEOUT`]: every running check ends within one, so a uid holding no
+/// slot gets the first that frees before it gives up, and its check, bounded from when it
+/// starts, then takes its own server's time. Waits this long only when every slot is busy.
+pub const CHECK_WAIT: Duration = CHECK_TIMEOUT.saturating_mul(2);
+/// Re-asks of one uid that may wait for a check slot at once; past it the re-ask is answered
+/// "unreachable" at once. A Kueue rebuilding its clients for a 1 000-cluster fleet (one entry
+/// per cluster) re-asks about each at once: they all wait their turn. A waiting re-ask is the
+/// caller's own call, queued: the queue keeps a few dozen bytes for it and a grant channel
+/// ([`WAITING_CHECK_BYTES`]), no copy of the request, no client, no CA store (those are built
+/// once it holds a slot).
+pub const MAX_WAITING_CHECKS_PER_UID: usize = 1024;
+/// Re-asks that may wait for a check slot at once, whatever their uids: four uids at their own
+/// bound, about 1 MiB of queue at most.
+pub const MAX_WAITING_CHECKS: usize = 4 * MAX_WAITING_CHECKS_PER_UID;
+/// What the queue keeps per waiting re-ask, measured by `cache::tests`: its place (about 40
+/// bytes) and the channel its slot comes by (an allocation of about 100).
+pub const WAITING_CHECK_BYTES: usize = 256;
+
 /// Clusters listed per entry in [`EntryInfo`]; the rest are only counted. An identity can
 /// serve thousands of clusters (one GCP token for every GKE cluster).
 pub const LISTED_CLUSTERS: usize = 32;
@@ -258,6 +282,8 @@ struct Inner {
     checker: Arc<dyn CredentialCheck>,
     /// One gate per provider name (only configured names reach the cache).
     gates: Mutex<HashMap<Arc<str>, Gate>>,
+    /// The re-ask check slots, shared fairly between uids.
+    checks: Gate,
 }
 
 impl fmt::Debug for Cache {
@@ -395,6 +421,14 @@ type Inflight = Shared<BoxFuture<'static, Result<Served, CacheError>>>;
 /// the check join it too, however soon it completes).
 type PendingCheck = Shared<BoxFuture<'static, (Answer, Option<Inflight>)>>;
 
+/// What a re-ask about the credential held needs, found under the entry's lock.
+enum CheckStep {
+    /// The same check (credential and server) is running: wait for its answer.
+    Join(PendingCheck),
+    /// None is: wait for a check slot, then start it.
+    Start(CheckKey),
+}
+
 #[derive(Default)]
 struct Slot {
     state: Mutex<State>,
@@ -420,8 +454,9 @@ struct State {
     /// The callers served and the refreshes they forced; allocated at the first request
     /// that says who is asking.
     rejections: Option<Box<rejections::Memory>>,
-    /// The re-ask check running, and for which credential.
-    checking: Option<(CredentialDigest, PendingCheck)>,
+    /// The re-ask checks running, each for a credential and a server: at most one per key,
+    /// and each holds one of the [`MAX_CONCURRENT_CHECKS`] slots, so few.
+    checking: Vec<(CheckKey, PendingCheck)>,
 }
 
 impl State {
@@ -508,6 +543,14 @@ impl Cache {
                 observer: None,
                 checker: Arc::new(ApiServerCheck::default()),
                 gates: Mutex::default(),
+                checks: Gate::for_checks(
+                    MAX_CONCURRENT_CHECKS,
+                    Bounds {
+                        per_uid: MAX_CONCURRENT_CHECKS,
+                        waiting_per_uid: MAX_WAITING_CHECKS_PER_UID,
+                        waiting: MAX_WAITING_CHECKS,
+                    },
+                ),
             }),
         }
     }
@@ -559,34 +602,41 @@ impl Cache {
     ) -> Result<Served, CacheError> {
         let key = CacheKey::new(&req.provider, target);
         let (slot, placed_as) = self.inner.slot_for(&key);
-        // A re-ask waits for the check, then is judged again with its answer: once, since a
-        // pass with an answer never starts a check.
-        let mut checked: Option<Answer> = None;
+        // A re-ask waits for the check, then is judged again with its answer (or with none,
+        // when what it asked about was replaced meanwhile): once, since a pass that has been
+        // judged never starts a check.
+        let mut judged: Option<Option<Answer>> = None;
         let (fetch, outcome, moved, forced) = loop {
-            let check: Result<_, PendingCheck> = 'pass: {
+            let step: Result<_, CheckStep> = 'pass: {
                 let mut guard = slot.lock();
                 let st = &mut *guard;
                 let now = Instant::now();
-                if checked.is_none() {
+                if judged.is_none() {
                     st.last_access = Some(now);
                     st.note_request(req);
                 }
-                let answer = match (&checked, caller, &st.current) {
-                    (Some(answer), _, _) => Some(answer.clone()),
+                let answer = match (&judged, caller, &st.current) {
+                    (Some(answer), _, _) => answer.clone(),
                     (None, Some(caller), Some(fresh)) if fresh.servable(now) => {
-                        let (digest, credential) = (fresh.digest, fresh.credential.clone());
+                        let digest = fresh.digest;
                         let memory = st.rejections.get_or_insert_default();
-                        match memory.reask(caller, now, digest) {
+                        match memory.reask(caller, uid, now, digest) {
                             Reask::Held => {
-                                let recent =
-                                    memory.recent_answer(now, digest, CHECK_REUSE).cloned();
-                                match recent {
+                                let about = CheckKey {
+                                    credential: digest,
+                                    cluster: ClusterDigest::of(req.cluster.as_ref()),
+                                };
+                                match memory.recent_answer(now, &about, CHECK_REUSE).cloned() {
                                     Some(answer) => Some(answer),
                                     None => {
-                                        break 'pass Err(self.start_check(
-                                            &slot, st, provider, req, target, caller, digest,
-                                            credential,
-                                        ));
+                                        break 'pass Err(
+                                            match st.checking.iter().find(|(k, _)| *k == about) {
+                                                Some((_, running)) => {
+                                                    CheckStep::Join(running.clone())
+                                                }
+                                                None => CheckStep::Start(about),
+                                            },
+                                        );
                                     }
                                 }
                             }
@@ -623,7 +673,13 @@ impl Cache {
                                 );
                             }
                             if let (Some(caller), Some(memory)) = (caller, &mut st.rejections) {
-                                memory.served(*caller, now, come_back_at(&served, now), digest);
+                                memory.served(
+                                    *caller,
+                                    uid,
+                                    now,
+                                    come_back_at(&served, now),
+                                    digest,
+                                );
                             }
                             return Ok(served);
                         }
@@ -658,11 +714,27 @@ impl Cache {
                 };
                 Ok((fetch, outcome, st.class() != placed_as, forced))
             };
-            match check {
+            let pending = match step {
                 Ok(wait) => break wait,
-                Err(pending) => match pending.await {
+                Err(CheckStep::Join(running)) => Some(running),
+                Err(CheckStep::Start(about)) => match self.check_slot(req, caller, uid).await {
+                    // Holding a slot: the check starts now (or another caller's started
+                    // meanwhile, and the slot goes back).
+                    Ok(permit) => {
+                        self.start_check(&slot, provider, req, target, caller, about, permit)
+                    }
+                    Err(answer) => {
+                        judged = Some(Some(answer));
+                        continue;
+                    }
+                },
+            };
+            match pending {
+                // What was re-asked about is no longer held: judged anew, with no check.
+                None => judged = Some(None),
+                Some(pending) => match pending.await {
                     (_, Some(fetch)) => break (fetch, Outcome::Joined, false, true),
-                    (answer, None) => checked = Some(answer),
+                    (answer, None) => judged = Some(Some(answer)),
                 },
             }
         };
@@ -694,30 +766,70 @@ impl Cache {
         let come_back = come_back_at(&served, now);
         st.rejections
             .get_or_insert_default()
-            .served(*caller, now, come_back, digest);
+            .served(*caller, uid, now, come_back, digest);
         Ok(served)
     }
 
-    /// Starts (or joins) the check of the credential an entry holds, for a re-ask. It runs in
-    /// its own task, so it completes (and its answer is acted on once) whatever the callers
-    /// waiting on it do.
+    /// Waits for a check slot for `uid`'s re-ask: at most [`CHECK_WAIT`], and only while its
+    /// uid and the broker have room in the queue. Holds nothing while it waits but its place.
+    /// Without a slot, the re-ask is answered "unreachable" (the credential held stays in
+    /// service, as when its server cannot be asked), logged, and not counted as a check.
+    async fn check_slot(
+        &self,
+        req: &TokenRequest,
+        caller: Option<&CallerId>,
+        uid: Option<u32>,
+    ) -> Result<Permit, Answer> {
+        let why = match tokio::time::timeout(
+            CHECK_WAIT,
+            self.inner.checks.try_acquire(Purpose::Miss { uid }),
+        )
+        .await
+        {
+            Ok(Ok(permit)) => return Ok(permit),
+            Ok(Err(full @ (Full::Uid(_) | Full::All(_)))) => full.to_string(),
+            Err(_elapsed) => format!("every check slot stayed busy for {}s", CHECK_WAIT.as_secs()),
+        };
+        tracing::info!(
+            provider = crate::text::quote(&req.provider),
+            cluster = crate::text::quote(&req.cluster_label()),
+            caller_pid = caller.map(|c| c.pid),
+            uid,
+            why,
+            "re-ask not checked: no check slot; serving the credential held"
+        );
+        Err(Answer::Unreachable(why))
+    }
+
+    /// Starts the check of `about` (the credential the entry holds, with the re-ask's
+    /// server) holding `permit`, or joins the one another caller started while this one
+    /// waited for its slot (the slot then goes back at once). `None` when the entry no longer
+    /// holds that credential. The check runs in its own task, so it completes (and its answer
+    /// is acted on once) whatever the callers waiting on it do; its [`CHECK_TIMEOUT`] counts
+    /// from here, and only now are the request copied and the check's client and trust built.
     #[allow(clippy::too_many_arguments)]
     fn start_check(
         &self,
         slot: &Arc<Slot>,
-        st: &mut State,
         provider: &Arc<dyn Provider>,
         req: &TokenRequest,
         target: &Resolved,
-        caller: &CallerId,
-        digest: CredentialDigest,
-        credential: Credential,
-    ) -> PendingCheck {
-        if let Some((checking, running)) = &st.checking
-            && *checking == digest
-        {
-            return running.clone();
+        caller: Option<&CallerId>,
+        about: CheckKey,
+        permit: Permit,
+    ) -> Option<PendingCheck> {
+        let mut st = slot.lock();
+        let now = Instant::now();
+        let credential = match &st.current {
+            Some(fresh) if fresh.digest == about.credential && fresh.servable(now) => {
+                fresh.credential.clone()
+            }
+            _ => return None,
+        };
+        if let Some((_, running)) = st.checking.iter().find(|(k, _)| *k == about) {
+            return Some(running.clone());
         }
+        let caller = *caller?;
         let cache = Cache {
             inner: Arc::clone(&self.inner),
         };
@@ -725,14 +837,16 @@ impl Cache {
         let provider = Arc::clone(provider);
         let req = req.clone();
         let target = target.clone();
-        let caller = *caller;
         let task = tokio::spawn(async move {
-            let answer = cache
-                .inner
-                .checker
-                .check(req.cluster.as_ref(), &credential)
-                .await;
-            let fetch = cache.checked(&slot, &provider, &req, &target, &caller, digest, &answer);
+            let check = cache.inner.checker.check(req.cluster.as_ref(), &credential);
+            let answer = match tokio::time::timeout(CHECK_TIMEOUT, check).await {
+                Ok(answer) => answer,
+                Err(_elapsed) => {
+                    Answer::Unreachable(format!("no answer within {}s", CHECK_TIMEOUT.as_secs()))
+                }
+            };
+            drop(permit);
+            let fetch = cache.checked(&slot, &provider, &req, &target, &caller, about, &answer);
             (answer, fetch)
         });
         let joined: BoxFuture<'static, _> = Box::pin(async move {
@@ -740,8 +854,8 @@ impl Cache {
                 .unwrap_or_else(|e| (Answer::Unreachable(format!("the check failed: {e}")), None))
         });
         let shared = joined.shared();
-        st.checking = Some((digest, shared.clone()));
-        shared
+        st.checking.push((about, shared.clone()));
+        Some(shared)
     }
 
     /// Acts on a check's answer once: a rejection (or a re-ask that cannot be checked) starts
@@ -755,25 +869,23 @@ impl Cache {
         req: &TokenRequest,
         target: &Resolved,
         caller: &CallerId,
-        digest: CredentialDigest,
+        about: CheckKey,
         answer: &Answer,
     ) -> Option<Inflight> {
         let caller_pid = caller.pid;
         let (next, fetch) = {
             let mut guard = slot.lock();
             let st = &mut *guard;
-            if st.checking.as_ref().is_some_and(|(d, _)| *d == digest) {
-                st.checking = None;
-            }
+            st.checking.retain(|(k, _)| *k != about);
             let now = Instant::now();
             let verdict = st
                 .rejections
                 .get_or_insert_default()
-                .answered(now, digest, answer, caller);
+                .answered(now, about, answer, caller);
             let holds = st
                 .current
                 .as_ref()
-                .is_some_and(|f| f.digest == digest && f.servable(now));
+                .is_some_and(|f| f.digest == about.credential && f.servable(now));
             match verdict {
                 None => (None, None),
                 Some(_) if st.inflight.is_some() => (Some(Next::Join), st.inflight.clone()),

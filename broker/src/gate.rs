@@ -18,6 +18,13 @@
 //!
 //! Nothing is preempted and no permit is idle while anyone waits for one it may take, so a
 //! lone caller (a Kueue cold start) still gets every permit outside the reserve.
+//!
+//! The cache's re-ask check slots are a gate too ([`Gate::for_checks`]): no reserve, the same
+//! fair share between uids, and besides it a cap on the slots one uid may hold
+//! ([`Bounds::per_uid`]) and on the checks that may wait ([`Gate::try_acquire`]), per uid and
+//! in all. Why: one allowed uid re-asking about 1 300 entries (calls cancelled after 0.1 s)
+//! held all 16 slots, so another uid's re-ask, whose API server answers in 200 ms, waited the
+//! whole 5 s of its check for a slot and got the revoked token back, 3 times out of 3.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -34,6 +41,36 @@ pub fn reserve_of(permits: usize) -> usize {
         0 | 1 => 0,
         n => (n / 8).max(1),
     }
+}
+
+/// How a gate bounds its callers besides its permits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Permits the waiters of one uid ([`Purpose::Miss`]) may hold at once.
+    pub per_uid: usize,
+    /// Waiters of one uid [`Gate::try_acquire`] lets queue; past it, it refuses at once.
+    pub waiting_per_uid: usize,
+    /// Waiters [`Gate::try_acquire`] lets queue in all.
+    pub waiting: usize,
+}
+
+impl Bounds {
+    /// No bound but the permits (the upstream fetch gate: its waiters are bounded by the
+    /// upstream timeout and by the callers, each waiting on its own call).
+    pub const NONE: Self = Self {
+        per_uid: usize::MAX,
+        waiting_per_uid: usize::MAX,
+        waiting: usize::MAX,
+    };
+}
+
+/// Why [`Gate::try_acquire`] refused to queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Full {
+    #[error("{0} checks of this caller's uid are already waiting for a slot (its bound)")]
+    Uid(usize),
+    #[error("{0} checks are already waiting for a slot (the broker's bound)")]
+    All(usize),
 }
 
 /// What a fetch is for, which decides the permits it may take.
@@ -57,6 +94,7 @@ pub struct Gate {
 struct Shared {
     permits: usize,
     reserve: usize,
+    bounds: Bounds,
     state: Mutex<State>,
 }
 
@@ -101,26 +139,78 @@ impl Gate {
     /// A gate of `permits` (at least one).
     pub fn new(permits: usize) -> Self {
         let permits = permits.max(1);
+        Self::with(permits, reserve_of(permits), Bounds::NONE)
+    }
+
+    /// The re-ask check slots: `slots` (at least one), no reserve, every check a
+    /// [`Purpose::Miss`] of its caller's uid. One uid holds at most all but an eighth of them
+    /// (as [`reserve_of`] counts it), so while a single uid keeps checks running, another
+    /// uid's check starts at once; the waiting is bounded by `waiting` (its `per_uid` is
+    /// ignored: that cap is this one).
+    pub fn for_checks(slots: usize, waiting: Bounds) -> Self {
+        let slots = slots.max(1);
+        Self::with(
+            slots,
+            0,
+            Bounds {
+                per_uid: slots - reserve_of(slots),
+                ..waiting
+            },
+        )
+    }
+
+    fn with(permits: usize, reserve: usize, bounds: Bounds) -> Self {
         Self {
             shared: Arc::new(Shared {
                 permits,
-                reserve: reserve_of(permits),
+                reserve,
+                bounds: Bounds {
+                    per_uid: bounds.per_uid.max(1),
+                    ..bounds
+                },
                 state: Mutex::default(),
             }),
         }
     }
 
-    /// Waits for a permit `purpose` may take. Cancel-safe: a waiter dropped before its grant
-    /// leaves the queue, and a grant it never received is given back.
+    /// Waits for a permit `purpose` may take, however many wait already. Cancel-safe: a
+    /// waiter dropped before its grant leaves the queue, and a grant it never received is
+    /// given back.
     pub async fn acquire(&self, purpose: Purpose) -> Permit {
+        match self.enter(purpose, false) {
+            Ok(permit) => permit.await,
+            Err(_) => unreachable!("an entry that ignores the waiting bounds is never refused"),
+        }
+    }
+
+    /// [`Gate::acquire`] within the waiting bounds: refused at once, without queueing, when
+    /// `purpose`'s uid already has [`Bounds::waiting_per_uid`] waiters queued or the gate
+    /// [`Bounds::waiting`]. A waiter holds its place in the queue and nothing else.
+    pub async fn try_acquire(&self, purpose: Purpose) -> Result<Permit, Full> {
+        Ok(self.enter(purpose, true)?.await)
+    }
+
+    /// Takes a permit now, or queues (checking the waiting bounds when `bounded`) and returns
+    /// the wait for it.
+    fn enter(
+        &self,
+        purpose: Purpose,
+        bounded: bool,
+    ) -> Result<impl std::future::Future<Output = Permit> + '_, Full> {
         let (rx, seq) = {
             let mut st = self.shared.lock();
             if st.waiting.is_empty() && self.shared.may_take(&st, purpose) {
                 st.give(purpose);
-                return Permit {
+                let permit = Permit {
                     shared: Arc::clone(&self.shared),
                     purpose,
                 };
+                return Ok(futures_util::future::Either::Left(std::future::ready(
+                    permit,
+                )));
+            }
+            if bounded {
+                self.shared.room_to_wait(&mut st, purpose)?;
             }
             let (grant, rx) = oneshot::channel();
             let seq = st.next_seq;
@@ -137,17 +227,21 @@ impl Gate {
             self.shared.send(granted);
             (rx, seq)
         };
-        let mut queued = Queued {
+        let queued = Queued {
             shared: &self.shared,
             seq,
         };
-        let permit = rx.await;
-        queued.seq = u64::MAX;
-        match permit {
-            Ok(permit) => permit,
-            // The sender lives in the queue until it sends; the gate outlives this future.
-            Err(_) => unreachable!("a queued waiter's sender is dropped only after it sent"),
-        }
+        Ok(futures_util::future::Either::Right(async move {
+            // The whole guard moves in (a closure would capture only the field it names).
+            let mut queued = queued;
+            let permit = rx.await;
+            queued.seq = u64::MAX;
+            match permit {
+                Ok(permit) => permit,
+                // The sender lives in the queue until it sends; the gate outlives this future.
+                Err(_) => unreachable!("a queued waiter's sender is dropped only after it sent"),
+            }
+        }))
     }
 
     /// Permits held now: (all, by misses).
@@ -181,8 +275,33 @@ impl Shared {
         st.in_use < self.permits
             && match purpose {
                 Purpose::Refresh => true,
-                Purpose::Miss { .. } => st.misses_in_use < self.permits - self.reserve,
+                Purpose::Miss { uid } => {
+                    st.misses_in_use < self.permits - self.reserve
+                        && st.held.get(&uid).copied().unwrap_or(0) < self.bounds.per_uid
+                }
             }
+    }
+
+    /// Whether one more waiter of `purpose`'s uid may queue: waiters that gave up are
+    /// cleared first, so only live ones count.
+    fn room_to_wait(&self, st: &mut State, purpose: Purpose) -> Result<(), Full> {
+        st.waiting.retain(|w| !w.grant.is_closed());
+        if st.waiting.len() >= self.bounds.waiting {
+            return Err(Full::All(st.waiting.len()));
+        }
+        let uid = match purpose {
+            Purpose::Miss { uid } => Some(uid),
+            Purpose::Refresh => None,
+        };
+        let own = st
+            .waiting
+            .iter()
+            .filter(|w| matches!(w.purpose, Purpose::Miss { uid: u } if Some(u) == uid))
+            .count();
+        if uid.is_some() && own >= self.bounds.waiting_per_uid {
+            return Err(Full::Uid(own));
+        }
+        Ok(())
     }
 
     /// Takes the waiters to grant now, best first, counting their permits as given.

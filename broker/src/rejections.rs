@@ -9,8 +9,9 @@
 //! cluster's API server ([`crate::review`]) and fetches anew only when the server answers
 //! 401 (a **confirmed rejection**), or when the request cannot be checked at all.
 //!
-//! Each cache entry remembers the callers it served (at most [`MAX_CALLERS_PER_ENTRY`]), the
-//! last answer of a check, and the bounds on refreshes forced by rejections: at most one per
+//! Each cache entry remembers the callers it served (at most [`MAX_CALLERS_PER_ENTRY`] per uid,
+//! for at most [`MAX_UIDS_PER_ENTRY`] uids), the last answer of a check (for one server and
+//! credential, [`CheckKey`]), and the bounds on refreshes forced by rejections: at most one per
 //! [`FORCED_REFRESH_INTERVAL`], doubling while the credentials those refreshes get are
 //! rejected again, up to [`MAX_FORCED_REFRESH_INTERVAL`]. A caller that sends no
 //! [`CallerId`] (an older shim, grpcurl) is served exactly as before.
@@ -23,17 +24,29 @@ use tokio::time::Instant;
 use credbroker_proto::v1;
 
 use crate::providers::{Credential, CredentialSecret};
+use crate::request::ClusterInfo;
 /// The caller's wire checks live with the other request checks (`request`), which every
 /// module may import; re-exported here where the rules that use them are.
 pub use crate::request::{CallerError, PID_MAX_LIMIT};
 use crate::review::Answer;
 
-/// Callers remembered per entry; past it the one served longest ago is forgotten (it is then
-/// a new caller: served from the cache). One client-go process asks once per cluster, so an
-/// entry per cluster (EKS, AKS, a file per cluster) has one or two; an identity shared by a
-/// fleet (one GCP token for every GKE cluster) keeps the most recently served sixteen. About
-/// 100 bytes each, allocated only for entries asked with a caller.
+/// Callers remembered per entry and uid; past it the one of that uid served longest ago is
+/// forgotten (it is then a new caller: served from the cache). Per uid, so a uid can push out
+/// only its own callers: 16 made-up callers from one uid used to push a real caller of
+/// another out of a shared entry, whose next re-ask then looked like a first ask and got the
+/// revoked token with no check. One client-go process asks once per cluster, so an entry per
+/// cluster (EKS, AKS, a file per cluster) has one or two; an identity shared by a fleet (one
+/// GCP token for every GKE cluster) keeps the most recently served sixteen of each uid. About
+/// 100 bytes each ([`RECORD_BYTES`]), allocated only for entries asked with a caller.
 pub const MAX_CALLERS_PER_ENTRY: usize = 16;
+/// Uids whose callers an entry remembers. A pod has one uid asking (Kueue's); a few more are
+/// a node's other clients. A further uid's callers are not remembered while these eight have
+/// callers inside their come-back time (they are served as new callers, as before this
+/// existed): remembering them would mean forgetting another uid's. At most
+/// 8 × 16 × [`RECORD_BYTES`], about 13 KiB an entry, counted in `cache.maxBytes`.
+pub const MAX_UIDS_PER_ENTRY: usize = 8;
+/// What one remembered caller costs on the heap.
+pub const RECORD_BYTES: usize = std::mem::size_of::<Record>();
 /// At most one forced refresh per entry per this long: a cluster whose RBAC is broken gets a
 /// 401 for every credential, and Kueue retries a disconnected cluster every 5 s at first
 /// (its backoff grows to 320 s); the 30 s from the issue that asked for this keeps that to a
@@ -96,7 +109,7 @@ impl CallerId {
 
 /// A credential's SHA-256: compares what a caller was served with what a fetch got, without
 /// keeping the secret twice. Debug shows only that it is one.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CredentialDigest([u8; 32]);
 
 impl CredentialDigest {
@@ -127,6 +140,45 @@ impl std::fmt::Debug for CredentialDigest {
     }
 }
 
+/// A SHA-256 of what decides where and how a check connects: the request's server, CA data,
+/// `tls-server-name`, `insecure-skip-tls-verify` and `proxy-url` (or that it has no cluster).
+/// Two re-asks share a check, or its answer, only when these agree: a check against another
+/// server says nothing of this one (a victim's re-ask used to join a check another uid had
+/// started against a server of its own, and took its "unreachable").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClusterDigest([u8; 32]);
+
+impl ClusterDigest {
+    pub fn of(cluster: Option<&ClusterInfo>) -> Self {
+        let mut h = Sha256::new();
+        match cluster {
+            None => h.update(b"none\0"),
+            Some(c) => {
+                h.update(b"cluster\0");
+                for field in [
+                    c.server.as_bytes(),
+                    c.certificate_authority_data.as_slice(),
+                    c.tls_server_name.as_bytes(),
+                    c.proxy_url.as_bytes(),
+                ] {
+                    h.update((field.len() as u64).to_le_bytes());
+                    h.update(field);
+                }
+                h.update([u8::from(c.insecure_skip_tls_verify)]);
+            }
+        }
+        Self(h.finalize().into())
+    }
+}
+
+/// What a check is about: a credential, checked with one server as a request describes it.
+/// The cache runs one check per key at a time and reuses an answer only for the same key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CheckKey {
+    pub credential: CredentialDigest,
+    pub cluster: ClusterDigest,
+}
+
 /// What a request from a known caller is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reask {
@@ -149,9 +201,10 @@ pub enum Verdict {
     Hold { next_in: Duration },
 }
 
-/// A caller and what it was last served.
+/// A caller (of a uid) and what it was last served.
 #[derive(Debug, Clone, Copy)]
 struct Record {
+    uid: Option<u32>,
     caller: CallerId,
     come_back: Instant,
     credential: CredentialDigest,
@@ -167,8 +220,8 @@ pub struct Memory {
     last_reask: Option<SystemTime>,
     confirmed: u64,
     last_confirmed: Option<SystemTime>,
-    /// The last check's answer, for which credential, and when it came.
-    answered: Option<(Instant, CredentialDigest, Answer)>,
+    /// The last check's answer, about what, and when it came.
+    answered: Option<(Instant, CheckKey, Answer)>,
     /// When the last forced refresh started.
     forced_at: Option<Instant>,
     /// The credential the last forced refresh got.
@@ -214,9 +267,21 @@ impl Memory {
             }
     }
 
-    /// Judges a request from `caller` while the entry holds `current`, counting a re-ask.
-    pub fn reask(&mut self, caller: &CallerId, now: Instant, current: CredentialDigest) -> Reask {
-        let Some(record) = self.callers.iter().find(|r| r.caller == *caller) else {
+    /// Judges a request from `caller`, connected as `uid`, while the entry holds `current`,
+    /// counting a re-ask. Only a record of the same uid counts: a caller id claimed from
+    /// another uid is another caller.
+    pub fn reask(
+        &mut self,
+        caller: &CallerId,
+        uid: Option<u32>,
+        now: Instant,
+        current: CredentialDigest,
+    ) -> Reask {
+        let Some(record) = self
+            .callers
+            .iter()
+            .find(|r| r.caller == *caller && r.uid == uid)
+        else {
             return Reask::No;
         };
         if now + COME_BACK_SLACK >= record.come_back {
@@ -230,31 +295,29 @@ impl Memory {
         Reask::Held
     }
 
-    /// The last check's answer about `current`, if it came within `reuse`: re-asks about the
-    /// same credential right after a check take its answer instead of asking again.
-    pub fn recent_answer(
-        &self,
-        now: Instant,
-        current: CredentialDigest,
-        reuse: Duration,
-    ) -> Option<&Answer> {
+    /// The last check's answer about `key` (the credential held, with this request's
+    /// server), if it came within `reuse`: re-asks about the same credential and server right
+    /// after a check take its answer instead of asking again.
+    pub fn recent_answer(&self, now: Instant, key: &CheckKey, reuse: Duration) -> Option<&Answer> {
         match &self.answered {
-            Some((at, digest, answer)) if *digest == current && now < *at + reuse => Some(answer),
+            Some((at, about, answer)) if about == key && now < *at + reuse => Some(answer),
             _ => None,
         }
     }
 
-    /// A check about `current`, for `caller`'s re-ask, answered; for a rejection (or a re-ask
-    /// that cannot be checked) says whether to fetch anew now, and when it does, starts the
-    /// interval. The interval doubles with the streak only for the callers that forced it.
+    /// A check about `key` (the credential held, with one server), for `caller`'s re-ask,
+    /// answered; for a rejection (or a re-ask that cannot be checked) says whether to fetch
+    /// anew now, and when it does, starts the interval. The interval doubles with the streak
+    /// only for the callers that forced it.
     pub fn answered(
         &mut self,
         now: Instant,
-        current: CredentialDigest,
+        key: CheckKey,
         answer: &Answer,
         caller: &CallerId,
     ) -> Option<Verdict> {
-        self.answered = Some((now, current, answer.clone()));
+        let current = key.credential;
+        self.answered = Some((now, key, answer.clone()));
         if *answer == Answer::Rejected {
             self.confirmed = self.confirmed.saturating_add(1);
             self.last_confirmed = Some(SystemTime::now());
@@ -289,24 +352,39 @@ impl Memory {
         Some(Verdict::Refresh)
     }
 
-    /// Remembers that `caller` was served `credential` and told to come back at `come_back`.
+    /// Remembers that `caller`, connected as `uid`, was served `credential` and told to come
+    /// back at `come_back`. Past [`MAX_CALLERS_PER_ENTRY`] for that uid, its own caller served
+    /// longest ago is forgotten; a uid beyond [`MAX_UIDS_PER_ENTRY`] is not remembered.
     pub fn served(
         &mut self,
         caller: CallerId,
+        uid: Option<u32>,
         now: Instant,
         come_back: Instant,
         credential: CredentialDigest,
     ) {
         // Callers past their come-back time can no longer re-ask early: they go first.
-        self.callers
-            .retain(|r| r.caller != caller && now + COME_BACK_SLACK < r.come_back);
-        if self.callers.len() >= MAX_CALLERS_PER_ENTRY {
-            self.callers.remove(0);
+        self.callers.retain(|r| {
+            !(r.caller == caller && r.uid == uid) && now + COME_BACK_SLACK < r.come_back
+        });
+        let own = self.callers.iter().filter(|r| r.uid == uid).count();
+        if own >= MAX_CALLERS_PER_ENTRY {
+            if let Some(oldest) = self.callers.iter().position(|r| r.uid == uid) {
+                self.callers.remove(oldest);
+            }
+        } else if own == 0 {
+            let mut uids: Vec<Option<u32>> = self.callers.iter().map(|r| r.uid).collect();
+            uids.sort_unstable();
+            uids.dedup();
+            if uids.len() >= MAX_UIDS_PER_ENTRY {
+                return;
+            }
         }
         if self.callers.is_empty() {
             self.callers.reserve_exact(1);
         }
         self.callers.push(Record {
+            uid,
             caller,
             come_back,
             credential,
@@ -347,6 +425,15 @@ impl Memory {
     #[cfg(test)]
     fn callers(&self) -> Vec<CallerId> {
         self.callers.iter().map(|r| r.caller).collect()
+    }
+
+    #[cfg(test)]
+    fn callers_of(&self, uid: Option<u32>) -> Vec<CallerId> {
+        self.callers
+            .iter()
+            .filter(|r| r.uid == uid)
+            .map(|r| r.caller)
+            .collect()
     }
 }
 

@@ -23,10 +23,10 @@ enum Judged {
 
 impl Memory {
     fn check(&mut self, caller: &CallerId, now: Instant, current: CredentialDigest) -> Judged {
-        match self.reask(caller, now, current) {
+        match self.reask(caller, None, now, current) {
             Reask::No => Judged::Serve,
             Reask::Superseded => Judged::Superseded,
-            Reask::Held => match self.answered(now, current, &Answer::Rejected, caller) {
+            Reask::Held => match self.answered(now, about(current), &Answer::Rejected, caller) {
                 Some(Verdict::Refresh) => Judged::Refresh,
                 Some(Verdict::Hold { next_in }) => Judged::Hold { next_in },
                 None => unreachable!("a rejection always has a verdict"),
@@ -37,6 +37,14 @@ impl Memory {
 
 const HOUR: Duration = Duration::from_secs(3600);
 
+/// A check of `credential` with the one server these tests name.
+fn about(credential: CredentialDigest) -> CheckKey {
+    CheckKey {
+        credential,
+        cluster: ClusterDigest::of(None),
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_re_ask_before_the_come_back_time_rejected_refreshes() {
     let mut m = Memory::default();
@@ -44,7 +52,7 @@ async fn a_re_ask_before_the_come_back_time_rejected_refreshes() {
     let t0 = digest("t0");
     let now = Instant::now();
     assert_eq!(m.check(&caller, now, t0), Judged::Serve, "a new caller");
-    m.served(caller, now, now + HOUR, t0);
+    m.served(caller, None, now, now + HOUR, t0);
     tokio::time::advance(Duration::from_secs(10)).await;
     assert_eq!(m.check(&caller, Instant::now(), t0), Judged::Refresh);
     assert_eq!(m.info().reasks, 1);
@@ -57,7 +65,7 @@ async fn asking_at_or_after_the_come_back_time_is_on_time() {
     let caller = CallerId::new(100, 7, 1);
     let t0 = digest("t0");
     let now = Instant::now();
-    m.served(caller, now, now + Duration::from_secs(60), t0);
+    m.served(caller, None, now, now + Duration::from_secs(60), t0);
     tokio::time::advance(Duration::from_secs(59)).await;
     assert_eq!(
         m.check(&caller, Instant::now(), t0),
@@ -74,7 +82,7 @@ async fn another_process_or_a_reused_pid_or_another_config_is_a_new_caller() {
     let mut m = Memory::default();
     let t0 = digest("t0");
     let now = Instant::now();
-    m.served(CallerId::new(100, 7, 1), now, now + HOUR, t0);
+    m.served(CallerId::new(100, 7, 1), None, now, now + HOUR, t0);
     for other in [
         CallerId::new(101, 7, 1),
         // The same pid, started at another time: a reused pid.
@@ -93,11 +101,11 @@ async fn a_re_ask_for_a_credential_already_replaced_fetches_nothing() {
     let (a, b) = (CallerId::new(100, 7, 1), CallerId::new(200, 9, 1));
     let (t0, t1) = (digest("t0"), digest("t1"));
     let now = Instant::now();
-    m.served(a, now, now + HOUR, t0);
-    m.served(b, now, now + HOUR, t0);
+    m.served(a, None, now, now + HOUR, t0);
+    m.served(b, None, now, now + HOUR, t0);
     assert_eq!(m.check(&a, now, t0), Judged::Refresh);
     assert_eq!(m.fetched(t1), Some(false));
-    m.served(a, now, now + HOUR, t1);
+    m.served(a, None, now, now + HOUR, t1);
     // b was rejected too, and asks after the fetch: the new credential is served.
     assert_eq!(m.check(&b, now, t1), Judged::Superseded);
     assert_eq!(m.info().reasks, 2);
@@ -116,8 +124,8 @@ async fn a_forgers_streak_never_delays_another_callers_first_forced_refresh() {
     let start = Instant::now();
     let mut current = digest("t0");
     let mut fetches = 0;
-    m.served(kueue, start, start + HOUR, current);
-    m.served(forger, start, start + HOUR, current);
+    m.served(kueue, None, start, start + HOUR, current);
+    m.served(forger, None, start, start + HOUR, current);
     let refresh = |m: &mut Memory, fetches: &mut u32| {
         *fetches += 1;
         let next = digest(&format!("t{fetches}"));
@@ -131,12 +139,12 @@ async fn a_forgers_streak_never_delays_another_callers_first_forced_refresh() {
         if m.check(&forger, now, current) == Judged::Refresh {
             current = refresh(&mut m, &mut fetches);
         }
-        m.served(forger, now, now + HOUR, current);
+        m.served(forger, None, now, now + HOUR, current);
     }
     // Its own streak backed off: at 1, 31, 91, 211 s.
     assert_eq!(fetches, 4);
     // The genuine client: its credential revoked for real, client-go re-asks after the 401.
-    m.served(kueue, Instant::now(), Instant::now() + HOUR, current);
+    m.served(kueue, None, Instant::now(), Instant::now() + HOUR, current);
     tokio::time::advance(Duration::from_secs(1)).await;
     let asked = Instant::now();
     let mut waited = None;
@@ -162,7 +170,7 @@ async fn forced_refreshes_are_bounded_and_back_off_while_rejected_again() {
     let mut refreshes_at = Vec::new();
     let start = Instant::now();
     let mut current = digest("t0");
-    m.served(caller, start, start + HOUR, current);
+    m.served(caller, None, start, start + HOUR, current);
     // A caller re-asking every 5 s for an hour, every credential rejected (RBAC broken).
     for _ in 0..720 {
         tokio::time::advance(Duration::from_secs(5)).await;
@@ -179,7 +187,7 @@ async fn forced_refreshes_are_bounded_and_back_off_while_rejected_again() {
             }
             v => panic!("unexpected {v:?}"),
         }
-        m.served(caller, now, now + HOUR, current);
+        m.served(caller, None, now, now + HOUR, current);
     }
     // 30 s apart, then 60, 120, 240, 480, then every 600 s.
     assert_eq!(
@@ -196,11 +204,11 @@ async fn the_same_credential_back_is_reported_and_not_fetched_in_a_loop() {
     let caller = CallerId::new(100, 7, 1);
     let t0 = digest("t0");
     let now = Instant::now();
-    m.served(caller, now, now + HOUR, t0);
+    m.served(caller, None, now, now + HOUR, t0);
     assert_eq!(m.check(&caller, now, t0), Judged::Refresh);
     assert_eq!(m.fetched(t0), Some(true), "the file was not rotated yet");
     assert!(m.info().returned_rejected);
-    m.served(caller, now, now + HOUR, t0);
+    m.served(caller, None, now, now + HOUR, t0);
     tokio::time::advance(Duration::from_secs(1)).await;
     assert!(matches!(
         m.check(&caller, Instant::now(), t0),
@@ -220,7 +228,7 @@ async fn a_new_credential_rejected_starts_a_new_episode() {
     let mut current = digest("t0");
     let mut at = now;
     for i in 1..=3 {
-        m.served(caller, at, at + HOUR, current);
+        m.served(caller, None, at, at + HOUR, current);
         assert_eq!(m.check(&caller, at, current), Judged::Refresh, "{i}");
         current = digest(&format!("t{i}"));
         m.fetched(current);
@@ -231,7 +239,7 @@ async fn a_new_credential_rejected_starts_a_new_episode() {
     let t9 = digest("t9");
     assert_eq!(m.fetched(t9), None);
     let last = at - interval(2);
-    m.served(caller, last, last + HOUR, t9);
+    m.served(caller, None, last, last + HOUR, t9);
     tokio::time::advance(last + FORCED_REFRESH_INTERVAL - Instant::now()).await;
     assert_eq!(m.check(&caller, Instant::now(), t9), Judged::Refresh);
 }
@@ -244,6 +252,7 @@ async fn the_caller_set_is_bounded_and_forgets_the_oldest_first() {
     // One caller already past its come-back time, then more than the bound.
     m.served(
         CallerId::new(1, 1, 0),
+        None,
         now,
         now + Duration::from_secs(2),
         t0,
@@ -252,7 +261,7 @@ async fn the_caller_set_is_bounded_and_forgets_the_oldest_first() {
     let now = Instant::now();
     let many = MAX_CALLERS_PER_ENTRY as u32 + 3;
     for pid in 2..2 + many {
-        m.served(CallerId::new(pid, 1, 0), now, now + HOUR, t0);
+        m.served(CallerId::new(pid, 1, 0), None, now, now + HOUR, t0);
     }
     let kept = m.callers();
     assert_eq!(kept.len(), MAX_CALLERS_PER_ENTRY);
@@ -266,7 +275,7 @@ async fn the_caller_set_is_bounded_and_forgets_the_oldest_first() {
         Judged::Refresh
     );
     // Serving a remembered caller again moves it to the back, it is not duplicated.
-    m.served(CallerId::new(want[0], 1, 0), now, now + HOUR, t0);
+    m.served(CallerId::new(want[0], 1, 0), None, now, now + HOUR, t0);
     let again = m.callers();
     assert_eq!(again.len(), MAX_CALLERS_PER_ENTRY);
     assert_eq!(again.last().map(|c| c.pid), Some(want[0]));
@@ -706,5 +715,387 @@ mod through_the_cache {
             "{:?}",
             info.last_answer
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hostile callers: the re-ask check can be neither held, grown nor fooled by another uid.
+// ---------------------------------------------------------------------------------------
+
+/// Red-team finding: 16 made-up callers of one uid on a shared entry pushed the real caller of
+/// another uid out, so its re-ask looked like a first ask (no check, the revoked token served).
+#[tokio::test(start_paused = true)]
+async fn a_uid_can_push_out_only_its_own_callers() {
+    let mut m = Memory::default();
+    let t0 = digest("t0");
+    let now = Instant::now();
+    let (real, victim_uid, attacker_uid) = (CallerId::new(10, 1, 1), Some(1000), Some(66));
+    m.served(real, victim_uid, now, now + HOUR, t0);
+    for pid in 100..100 + 3 * MAX_CALLERS_PER_ENTRY as u32 {
+        m.served(CallerId::new(pid, 1, 1), attacker_uid, now, now + HOUR, t0);
+    }
+    assert_eq!(m.callers_of(victim_uid), [real]);
+    assert_eq!(m.callers_of(attacker_uid).len(), MAX_CALLERS_PER_ENTRY);
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(m.reask(&real, victim_uid, Instant::now(), t0), Reask::Held);
+    // The same caller id claimed from the other uid is another caller: no re-ask of the
+    // real one's, and nothing of the real one's record changes.
+    assert_eq!(m.reask(&real, attacker_uid, Instant::now(), t0), Reask::No);
+    // Uids past the bound are not remembered, rather than pushing a remembered one out.
+    for uid in 0..2 * MAX_UIDS_PER_ENTRY as u32 {
+        m.served(CallerId::new(7, 7, 7), Some(uid), now, now + HOUR, t0);
+    }
+    assert_eq!(m.callers_of(victim_uid), [real]);
+    let mut uids: Vec<Option<u32>> = m.callers.iter().map(|r| r.uid).collect();
+    uids.dedup();
+    assert_eq!(uids.len(), MAX_UIDS_PER_ENTRY);
+    assert!(m.heap_bytes() < MAX_UIDS_PER_ENTRY * MAX_CALLERS_PER_ENTRY * RECORD_BYTES * 2);
+    // Past their come-back time, callers make room for a new uid again.
+    tokio::time::advance(2 * HOUR).await;
+    m.served(
+        CallerId::new(8, 8, 8),
+        Some(4242),
+        Instant::now(),
+        Instant::now() + HOUR,
+        t0,
+    );
+    assert_eq!(m.callers_of(Some(4242)).len(), 1);
+}
+
+mod hostile_callers {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::CallerId;
+    use crate::cache::{CHECK_WAIT, Cache, CacheSettings, Served};
+    use crate::providers::fake::FakeProvider;
+    use crate::providers::{BoxFuture, Credential, CredentialSecret, Provider};
+    use crate::request::{ClusterInfo, TokenRequest};
+    use crate::review::{Answer, CHECK_TIMEOUT, CredentialCheck, MAX_CONCURRENT_CHECKS};
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    /// API servers by URL: each answers after its delay (`None`: never), as scripted. Counts
+    /// the checks running at once: `check` is where the real one builds its client and CA
+    /// store, so this is also how many of those exist.
+    #[derive(Default)]
+    struct Servers {
+        script: Mutex<HashMap<String, (Option<Duration>, Answer)>>,
+        running: AtomicUsize,
+        max_running: AtomicUsize,
+        calls: AtomicUsize,
+    }
+
+    struct Running<'a>(&'a AtomicUsize);
+    impl Drop for Running<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    impl CredentialCheck for Servers {
+        fn check(&self, cluster: Option<&ClusterInfo>, _: &Credential) -> BoxFuture<'_, Answer> {
+            let server = cluster.map(|c| c.server.clone()).unwrap_or_default();
+            let (delay, answer) = self.script.lock().unwrap()[&server].clone();
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max_running.fetch_max(now, Ordering::SeqCst);
+            Box::pin(async move {
+                let _running = Running(&self.running);
+                match delay {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+                answer
+            })
+        }
+    }
+
+    struct World {
+        cache: Arc<Cache>,
+        provider: Arc<dyn Provider>,
+        servers: Arc<Servers>,
+    }
+
+    fn world() -> World {
+        let servers = Arc::new(Servers::default());
+        let cache = Cache::new(CacheSettings {
+            max_entries: 10_000,
+            max_bytes: crate::config::DEFAULT_MAX_BYTES,
+            idle_timeout: 2 * HOUR,
+            upstream_timeout: crate::cache::UPSTREAM_TIMEOUT,
+            max_concurrent_fetches: 16,
+        })
+        .with_checker(servers.clone());
+        World {
+            cache: Arc::new(cache),
+            provider: Arc::new(FakeProvider::new(HOUR)),
+            servers,
+        }
+    }
+
+    impl World {
+        fn server(&self, url: &str, delay: Option<Duration>, answer: Answer) {
+            self.servers
+                .script
+                .lock()
+                .unwrap()
+                .insert(url.into(), (delay, answer));
+        }
+
+        async fn ask(&self, cluster: &str, server: &str, caller: CallerId, uid: u32) -> Served {
+            let req = req(cluster, server);
+            let target = self.provider.resolve(&req).unwrap();
+            self.cache
+                .get_for(&self.provider, &req, &target, Some(&caller), Some(uid))
+                .await
+                .unwrap()
+        }
+
+        /// A re-ask in its own task.
+        fn spawn_ask(
+            self: &Arc<Self>,
+            cluster: &str,
+            server: &str,
+            caller: CallerId,
+            uid: u32,
+        ) -> tokio::task::JoinHandle<Served> {
+            let (w, cluster, server) = (Arc::clone(self), cluster.to_owned(), server.to_owned());
+            tokio::spawn(async move { w.ask(&cluster, &server, caller, uid).await })
+        }
+    }
+
+    fn req(cluster: &str, server: &str) -> TokenRequest {
+        let mut config = serde_json::Map::new();
+        config.insert("clusterName".into(), cluster.into());
+        TokenRequest {
+            provider: "fake".into(),
+            cluster: Some(ClusterInfo {
+                server: server.into(),
+                config: config.into(),
+                ..Default::default()
+            }),
+            interactive: false,
+        }
+    }
+
+    fn token(served: &Served) -> &str {
+        match &served.credential.secret {
+            CredentialSecret::Token(t) => t.expose(),
+            CredentialSecret::ClientCertificate { .. } => panic!("a token"),
+        }
+    }
+
+    const ATTACKER: u32 = 66;
+    const OTHER_ATTACKER: u32 = 67;
+    const VICTIM: u32 = 1000;
+    const VICTIM_LATENCY: Duration = Duration::from_millis(200);
+
+    /// `uid` asks once about `entries` entries whose server never answers.
+    async fn first_asks(w: &Arc<World>, uid: u32, entries: u32) {
+        let caller = CallerId::new(uid, 1, 1);
+        for i in 0..entries {
+            w.ask(&format!("{uid}-{i}"), "https://hangs", caller, uid)
+                .await;
+        }
+    }
+
+    /// Then re-asks about each, every call cancelled after 0.1 s: the red team's
+    /// slot-holding attacker.
+    async fn hold_slots(w: &Arc<World>, uid: u32, entries: u32) {
+        let caller = CallerId::new(uid, 1, 1);
+        let reasks: Vec<_> = (0..entries)
+            .map(|i| w.spawn_ask(&format!("{uid}-{i}"), "https://hangs", caller, uid))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for r in reasks {
+            r.abort();
+        }
+    }
+
+    /// Red-team finding (point 1): one allowed uid re-asking about 1 300 entries held all 16
+    /// check slots, and another uid's re-ask waited the whole 5 s for one and got the revoked
+    /// token back. Now the cache hands out the slots (the checks' own count was in the
+    /// real check, unbounded above it), a uid holds all but two, and the victim's check starts
+    /// at once.
+    #[tokio::test(start_paused = true)]
+    async fn one_uid_cannot_hold_every_check_slot() {
+        let w = Arc::new(world());
+        w.server("https://hangs", None, Answer::Accepted(201));
+        w.server("https://victim", Some(VICTIM_LATENCY), Answer::Rejected);
+        let victim = CallerId::new(10, 1, 1);
+        let revoked = w.ask("victim", "https://victim", victim, VICTIM).await;
+        first_asks(&w, ATTACKER, 1300).await;
+        tokio::time::advance(Duration::from_secs(10)).await;
+        hold_slots(&w, ATTACKER, 1300).await;
+        let busy = w.servers.running.load(Ordering::SeqCst);
+        assert!(
+            busy <= MAX_CONCURRENT_CHECKS - 2,
+            "one uid holds at most all but two slots: {busy}"
+        );
+        let started = Instant::now();
+        let served = w.ask("victim", "https://victim", victim, VICTIM).await;
+        assert_ne!(
+            token(&served),
+            token(&revoked),
+            "the revoked token replaced"
+        );
+        assert_eq!(
+            started.elapsed(),
+            VICTIM_LATENCY,
+            "one check of its own server"
+        );
+        assert!(w.servers.max_running.load(Ordering::SeqCst) <= MAX_CONCURRENT_CHECKS);
+    }
+
+    /// Red-team finding (point 1, the bound): the 5 s of a check counted its wait for a slot.
+    /// With two uids holding every slot, the victim's uid gets the first slot that frees, and
+    /// its check then gets its own 5 s: a server answering in 200 ms answers it.
+    #[tokio::test(start_paused = true)]
+    async fn a_checks_time_bound_starts_when_it_starts() {
+        let w = Arc::new(world());
+        w.server("https://hangs", None, Answer::Accepted(201));
+        w.server("https://victim", Some(VICTIM_LATENCY), Answer::Rejected);
+        let victim = CallerId::new(10, 1, 1);
+        let revoked = w.ask("victim", "https://victim", victim, VICTIM).await;
+        first_asks(&w, ATTACKER, 100).await;
+        first_asks(&w, OTHER_ATTACKER, 100).await;
+        tokio::time::advance(Duration::from_secs(10)).await;
+        hold_slots(&w, ATTACKER, 100).await;
+        hold_slots(&w, OTHER_ATTACKER, 100).await;
+        assert_eq!(
+            w.servers.running.load(Ordering::SeqCst),
+            MAX_CONCURRENT_CHECKS
+        );
+        let started = Instant::now();
+        let served = tokio::time::timeout(
+            CHECK_WAIT + CHECK_TIMEOUT,
+            w.ask("victim", "https://victim", victim, VICTIM),
+        )
+        .await
+        .expect("answered within the bounds");
+        assert_ne!(token(&served), token(&revoked));
+        assert!(
+            started.elapsed() <= CHECK_TIMEOUT + VICTIM_LATENCY,
+            "at most one check's wait, then its own server: {:?}",
+            started.elapsed()
+        );
+        // A check whose server never answers ends at its own bound, slot given back.
+        tokio::time::sleep(CHECK_TIMEOUT).await;
+        assert_eq!(w.servers.running.load(Ordering::SeqCst), 0);
+    }
+
+    /// Red-team finding (point 2): each re-ask waiting for a slot kept a copy of the request
+    /// and a parsed CA store (one uid: 10 → 125 MiB). Now a re-ask waits as its own call,
+    /// holding its place in the queue: the check (client, CA store, request copy) exists only
+    /// once it holds a slot, and a re-ask that gives up leaves nothing behind. The queue is
+    /// bounded per uid and in all.
+    #[tokio::test(start_paused = true)]
+    async fn waiting_re_asks_hold_no_check_and_are_bounded() {
+        let w = Arc::new(world());
+        w.server("https://hangs", None, Answer::Accepted(201));
+        let caller = CallerId::new(ATTACKER, 1, 1);
+        let entries = crate::cache::MAX_WAITING_CHECKS_PER_UID as u32 + 100;
+        for i in 0..entries {
+            w.ask(&format!("e-{i}"), "https://hangs", caller, ATTACKER)
+                .await;
+        }
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let reasks: Vec<_> = (0..entries)
+            .map(|i| w.spawn_ask(&format!("e-{i}"), "https://hangs", caller, ATTACKER))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Checks made: as many as the uid may hold slots, however many re-asks wait.
+        assert_eq!(
+            w.servers.calls.load(Ordering::SeqCst),
+            MAX_CONCURRENT_CHECKS - 2
+        );
+        // The re-asks past the uid's waiting bound were answered at once, the held token.
+        let finished = reasks.iter().filter(|r| r.is_finished()).count();
+        assert_eq!(finished, 100 - (MAX_CONCURRENT_CHECKS - 2));
+        for r in reasks {
+            r.abort();
+        }
+        // Given up: nothing of theirs is left but the running checks.
+        tokio::task::yield_now().await;
+        assert_eq!(
+            w.servers.calls.load(Ordering::SeqCst),
+            MAX_CONCURRENT_CHECKS - 2
+        );
+        tokio::time::sleep(CHECK_TIMEOUT).await;
+        assert_eq!(w.servers.running.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            w.servers.calls.load(Ordering::SeqCst),
+            MAX_CONCURRENT_CHECKS - 2,
+            "the re-asks that gave up made no check"
+        );
+    }
+
+    /// Red-team finding (point 6a): a victim's re-ask joined the check another uid had
+    /// started against a server of its own on the same entry, and took its "unreachable";
+    /// right after, it took that answer again from the 1 s reuse. Now a check and its answer
+    /// are per server and credential.
+    #[tokio::test(start_paused = true)]
+    async fn a_check_answers_only_re_asks_about_its_own_server() {
+        let w = Arc::new(world());
+        w.server(
+            "https://attacker",
+            Some(Duration::from_secs(1)),
+            Answer::Unreachable("down".into()),
+        );
+        w.server("https://victim", Some(VICTIM_LATENCY), Answer::Rejected);
+        let (victim, attacker) = (CallerId::new(10, 1, 1), CallerId::new(66, 6, 6));
+        // One shared entry (the same identity), asked about with two servers.
+        w.ask("shared", "https://victim", victim, VICTIM).await;
+        w.ask("shared", "https://attacker", attacker, ATTACKER)
+            .await;
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let attack = w.spawn_ask("shared", "https://attacker", attacker, ATTACKER);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let served = w.ask("shared", "https://victim", victim, VICTIM).await;
+        assert_eq!(token(&served), "fake-shared-2", "its own server's 401");
+        attack.await.unwrap();
+        // The reuse: the attacker's unreachable, fresh, stands for no one else's server.
+        let w = Arc::new(world());
+        w.server(
+            "https://attacker",
+            Some(Duration::from_millis(1)),
+            Answer::Unreachable("down".into()),
+        );
+        w.server("https://victim", Some(VICTIM_LATENCY), Answer::Rejected);
+        w.ask("shared", "https://victim", victim, VICTIM).await;
+        w.ask("shared", "https://attacker", attacker, ATTACKER)
+            .await;
+        tokio::time::advance(Duration::from_secs(10)).await;
+        w.ask("shared", "https://attacker", attacker, ATTACKER)
+            .await;
+        let served = w.ask("shared", "https://victim", victim, VICTIM).await;
+        assert_eq!(token(&served), "fake-shared-2");
+    }
+
+    /// Point 3 through the cache: a flood of made-up callers from another uid leaves the real
+    /// caller's record, so its re-ask is still checked and the revoked token replaced.
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_flood_of_another_uid_leaves_the_real_callers_re_ask_checked() {
+        let w = Arc::new(world());
+        w.server("https://victim", Some(VICTIM_LATENCY), Answer::Rejected);
+        let victim = CallerId::new(10, 1, 1);
+        w.ask("shared", "https://victim", victim, VICTIM).await;
+        for pid in 0..64 {
+            w.ask(
+                "shared",
+                "https://victim",
+                CallerId::new(5000 + pid, 1, 1),
+                ATTACKER,
+            )
+            .await;
+        }
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let served = w.ask("shared", "https://victim", victim, VICTIM).await;
+        assert_eq!(token(&served), "fake-shared-2");
     }
 }
