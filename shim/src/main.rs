@@ -50,8 +50,9 @@ apiVersion on stdout. On failure prints one line on stderr and exits 1.
 install DIR [--name NAME]
   Copies this executable (/proc/self/exe) to DIR/NAME, mode 0755, atomically: written to
   DIR/.NAME.tmp-PID, fsynced, renamed over DIR/NAME. DIR must exist. Replaces only an
-  earlier copy of credbroker-shim (an ELF file holding the marker every shim carries) and
-  refuses anything else there, symlinks and directories included. For an init container
+  earlier copy of credbroker-shim (an ELF file holding the marker every shim carries, at
+  most 8 times this one's size) and refuses anything else there, symlinks and directories
+  included, a bigger file unread. For an init container
   filling the volume Kueue's manager runs the shim from. Prints one line; on failure one
   line on stderr, nothing left behind, exit 1.
   --name NAME          the file name in DIR [default credbroker-shim]
