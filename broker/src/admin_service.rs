@@ -85,13 +85,68 @@ pub const MAX_PAGE_SIZE: usize = 1000;
 pub const MAX_PAGE_BYTES: usize = 1024 * 1024;
 
 /// Where a ListEntries page starts: after this key, in the cache's order (provider, then
-/// identity). Given out as hex, so it is opaque and safe in JSON and on a command line.
+/// identity). Given out as hex, so it is opaque and safe in JSON and on a command line, and
+/// signed ([`PAGE_TAG_BYTES`] of HMAC-SHA256 under a key drawn when the process starts), so
+/// the contract's promise holds: a token this broker did not give out (made up, edited, or
+/// from before a restart) is refused with INVALID_SELECTION, and a caller starts again from
+/// the first page.
 struct PageToken(CacheKey);
+
+/// The signature's length in a page token: 128 bits, which no caller guesses.
+const PAGE_TAG_BYTES: usize = 16;
+
+/// The key page tokens are signed with, drawn once per process from the system's random
+/// source (rustls' provider, the broker's one crypto library).
+fn page_token_key() -> &'static [u8; 32] {
+    static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        let mut key = [0u8; 32];
+        if rustls::crypto::aws_lc_rs::default_provider()
+            .secure_random
+            .fill(&mut key)
+            .is_err()
+        {
+            // Not expected on Linux (getrandom); std's per-process hash keys come from the
+            // same source and keep tokens unguessable enough for a listing cursor.
+            use std::hash::{BuildHasher as _, Hasher as _};
+            for chunk in key.chunks_mut(8) {
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u8(0);
+                chunk.copy_from_slice(&h.finish().to_le_bytes());
+            }
+        }
+        key
+    })
+}
+
+/// HMAC-SHA256 (RFC 2104) of `text` under the page-token key, cut to [`PAGE_TAG_BYTES`].
+fn page_tag(text: &[u8]) -> [u8; PAGE_TAG_BYTES] {
+    use sha2::{Digest as _, Sha256};
+    const BLOCK: usize = 64;
+    let mut padded = [0u8; BLOCK];
+    padded[..32].copy_from_slice(page_token_key());
+    let pad = |byte: u8| padded.map(|k| k ^ byte);
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(text)
+        .finalize();
+    let outer = Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize();
+    let mut tag = [0u8; PAGE_TAG_BYTES];
+    tag.copy_from_slice(&outer[..PAGE_TAG_BYTES]);
+    tag
+}
 
 impl PageToken {
     fn after(key: &CacheKey) -> String {
         let text = format!("{}:{}{}", key.provider.len(), key.provider, key.identity);
-        text.bytes().map(|b| format!("{b:02x}")).collect()
+        let tag = page_tag(text.as_bytes());
+        text.bytes()
+            .chain(tag)
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 
     fn parse(token: &str) -> Result<Option<Self>, BrokerError> {
@@ -103,14 +158,24 @@ impl PageToken {
                 "page_token is not one this broker gave out: pass next_page_token back as it came, or leave it empty for the first page".into(),
             )
         };
-        if !token.len().is_multiple_of(2) || token.len() > 2 * MAX_PAGE_BYTES {
+        if !token.len().is_multiple_of(2) || token.len() > 2 * (MAX_PAGE_BYTES + PAGE_TAG_BYTES) {
             return Err(bad());
         }
-        let bytes: Vec<u8> = (0..token.len())
+        let mut bytes: Vec<u8> = (0..token.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(token.get(i..i + 2).unwrap_or("zz"), 16))
             .collect::<Result<_, _>>()
             .map_err(|_| bad())?;
+        let at = bytes.len().checked_sub(PAGE_TAG_BYTES).ok_or_else(bad)?;
+        let tag = bytes.split_off(at);
+        // Every byte compared, so the time taken does not say how much of a guess was right.
+        let differs = page_tag(&bytes)
+            .iter()
+            .zip(&tag)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        if differs != 0 {
+            return Err(bad());
+        }
         let text = String::from_utf8(bytes).map_err(|_| bad())?;
         let (len, rest) = text.split_once(':').ok_or_else(bad)?;
         let len: usize = len.parse().map_err(|_| bad())?;
@@ -402,6 +467,32 @@ mod tests {
             "ff00",
             &"00".repeat(MAX_PAGE_BYTES + 1),
         ] {
+            let err = PageToken::parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} parsed"));
+            assert!(err.to_string().contains("page_token"), "{err}");
+        }
+    }
+
+    /// A token naming a key in the form the broker uses, but made up (or edited, or from
+    /// another process) was accepted: the contract says a page_token the broker did not give
+    /// out is INVALID_SELECTION.
+    #[test]
+    fn a_page_token_this_broker_did_not_give_out_is_refused() {
+        let key = CacheKey {
+            provider: "p".into(),
+            identity: "never-handed-out".into(),
+        };
+        let hex = |text: &[u8]| -> String { text.iter().map(|b| format!("{b:02x}")).collect() };
+        let text = b"1:pnever-handed-out";
+        let given = PageToken::after(&key);
+        assert!(given.starts_with(&hex(text)));
+        let made_up = hex(text);
+        let mut edited = given.clone().into_bytes();
+        edited[2] = if edited[2] == b'0' { b'1' } else { b'0' };
+        let edited = String::from_utf8(edited).unwrap();
+        let signed_elsewhere = format!("{}{}", hex(text), "00".repeat(PAGE_TAG_BYTES));
+        for bad in [&made_up, &edited, &signed_elsewhere] {
             let err = PageToken::parse(bad)
                 .err()
                 .unwrap_or_else(|| panic!("{bad:?} parsed"));

@@ -96,6 +96,9 @@ impl ClusterConfig {
             }
         };
         check_json_object(&fields, 1, &mut 0, limits)?;
+        if let Err(e) = serde_json::from_str::<NoRepeatedKeys>(&json) {
+            return Err(RequestError::BadClusterConfig(e.to_string()));
+        }
         Ok(Self {
             json: json.into_boxed_str(),
             fields,
@@ -123,6 +126,65 @@ impl ClusterConfig {
     /// The top-level members, sorted by key.
     pub fn fields(&self) -> &Map<String, Value> {
         &self.fields
+    }
+}
+
+/// A JSON value read only to find an object with a key twice, at any depth. serde_json keeps
+/// the last of them and so does Go's encoding/json, but the text is what a wrapped plugin gets
+/// and other readers take the first; and the log's cluster label (read by a stricter reader)
+/// named the server instead of the `clusterName` served. A repeated key is refused, named.
+struct NoRepeatedKeys;
+
+impl<'de> serde::Deserialize<'de> for NoRepeatedKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NoRepeatedKeys)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for NoRepeatedKeys {
+    type Value = NoRepeatedKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_unit<E>(self) -> Result<Self, E> {
+        Ok(self)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self, A::Error> {
+        while seq.next_element::<NoRepeatedKeys>()?.is_some() {}
+        Ok(self)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if seen.contains(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "has the key \"{}\" more than once",
+                    quote(&key)
+                )));
+            }
+            map.next_value::<NoRepeatedKeys>()?;
+            seen.insert(key);
+        }
+        Ok(self)
     }
 }
 
@@ -956,6 +1018,40 @@ mod tests {
         TokenRequest::from_proto(with_json(&deep), &limits).unwrap();
         let long = format!(r#"{{"clusterName":"{}"}}"#, "x".repeat(4096));
         TokenRequest::from_proto(with_json(&long), &limits).unwrap();
+    }
+
+    /// `{"clusterName":"a","clusterName":"b"}` was served as cluster "b" (the last, as
+    /// serde_json and Go keep) while the log's label, read by a reader that refuses repeats,
+    /// named the server: a key given twice, at any depth, is now refused, named.
+    #[test]
+    fn a_key_given_twice_is_refused_naming_it() {
+        let limits = LimitsConfig::default();
+        for (json, key) in [
+            (r#"{"clusterName":"a","clusterName":"b"}"#, "clusterName"),
+            (r#"{"clusterName":"a","x":{"k":1,"k":2}}"#, "k"),
+            (r#"{"l":[{"a\nb":1,"a\nb":1}]}"#, "a\\nb"),
+        ] {
+            let e = ClusterConfig::parse(json.to_owned(), &limits)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "cluster.configJson (the client.authentication.k8s.io/exec extension) has \
+                     the key \"{key}\" more than once at line 1 column"
+                )),
+                "{json}: {e}"
+            );
+            let status = tonic::Status::from(crate::broker::BrokerError::from(
+                ClusterConfig::parse(json.to_owned(), &limits).unwrap_err(),
+            ));
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{json}");
+        }
+        let fine = ClusterConfig::parse(
+            r#"{"clusterName":"a","x":{"clusterName":"a"},"l":[{"k":1},{"k":1}]}"#.to_owned(),
+            &limits,
+        )
+        .unwrap();
+        assert_eq!(fine.get("clusterName"), Some(&Value::String("a".into())));
     }
 
     #[test]

@@ -37,9 +37,11 @@ pub static MARKER: [u8; 57] = *b"\0credbroker-shim self-install marker, format 1
 /// The mode of the installed file: what client-go needs to exec it, for any uid.
 const MODE: u32 = 0o755;
 
-/// How much of a file at `DIR/NAME` is searched for the marker. A shim is a few MB (a debug
-/// build some tens); a bigger file is not one and is refused without reading all of it.
-const SCAN_LIMIT: u64 = 256 << 20;
+/// How much bigger than this shim an earlier copy at `DIR/NAME` may be: a debug build of the
+/// shim is under 6 times its static release build (7.9 MB against 1.4 MB), and a release grows
+/// by far less than that between versions. A bigger file is not a shim and is refused by its
+/// size alone, before any of it is read (a 1 GiB sparse file took 5 s to scan).
+const SIZE_MARGIN: u64 = 8;
 
 const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
 
@@ -197,7 +199,7 @@ pub fn install_from(source: &Path, args: &InstallArgs) -> Result<Outcome, Failur
         )
     })?;
 
-    let replacing = match check_destination(&dest)? {
+    let replacing = match check_destination(&dest, src_meta.len())? {
         Existing::Nothing => false,
         Existing::EarlierCopy { dev, ino } if (dev, ino) == (src_meta.dev(), src_meta.ino()) => {
             return Ok(Outcome::AlreadyThere { path: dest });
@@ -280,8 +282,9 @@ enum Existing {
     EarlierCopy { dev: u64, ino: u64 },
 }
 
-/// Looks at `dest` without following a symlink; refuses anything but an earlier shim.
-fn check_destination(dest: &Path) -> Result<Existing, Failure> {
+/// Looks at `dest` without following a symlink; refuses anything but an earlier shim, and
+/// anything over [`SIZE_MARGIN`] times `own_size` (this shim's) unread.
+fn check_destination(dest: &Path, own_size: u64) -> Result<Existing, Failure> {
     let refuse = |why: String| {
         Failure::new(
             format!("refusing to replace {}", dest.display()),
@@ -311,6 +314,14 @@ fn check_destination(dest: &Path) -> Result<Existing, Failure> {
     if !kind.is_file() {
         return Err(refuse("it is not a regular file".to_owned()));
     }
+    let most = own_size.saturating_mul(SIZE_MARGIN);
+    if meta.len() > most {
+        return Err(refuse(format!(
+            "it is not an earlier credbroker-shim: {} bytes, more than {SIZE_MARGIN} times this \
+             shim's {own_size}",
+            meta.len()
+        )));
+    }
     let mut file = File::open(dest).map_err(|e| refuse(format!("cannot read it: {e}")))?;
     // The file opened is the one looked at (not swapped for another since).
     let opened = file
@@ -319,7 +330,7 @@ fn check_destination(dest: &Path) -> Result<Existing, Failure> {
     if (opened.dev(), opened.ino()) != (meta.dev(), meta.ino()) || !opened.is_file() {
         return Err(refuse("it changed while being checked".to_owned()));
     }
-    match is_earlier_copy(&mut file, std::hint::black_box(&MARKER)) {
+    match is_earlier_copy(&mut file, std::hint::black_box(&MARKER), most) {
         Ok(true) => Ok(Existing::EarlierCopy {
             dev: meta.dev(),
             ino: meta.ino(),
@@ -331,14 +342,15 @@ fn check_destination(dest: &Path) -> Result<Existing, Failure> {
     }
 }
 
-/// Whether `file` starts with the ELF magic and holds `marker` in its first [`SCAN_LIMIT`]
-/// bytes, read in chunks (a marker across two chunks is found).
-fn is_earlier_copy(file: &mut File, marker: &[u8]) -> std::io::Result<bool> {
+/// Whether `file` starts with the ELF magic and holds `marker` in its first `limit` bytes
+/// (a file that grew since its size was checked is read no further), read in chunks (a marker
+/// across two chunks is found).
+fn is_earlier_copy(file: &mut File, marker: &[u8], limit: u64) -> std::io::Result<bool> {
     const CHUNK: usize = 64 << 10;
     let mut buf = vec![0u8; CHUNK + marker.len()];
     let mut kept = 0; // bytes carried over from the previous chunk
     let mut first = true;
-    let mut reader = file.take(SCAN_LIMIT);
+    let mut reader = file.take(limit);
     loop {
         let n = match reader.read(&mut buf[kept..]) {
             Ok(0) => return Ok(false),
@@ -615,6 +627,34 @@ mod tests {
         }
     }
 
+    /// A 1 GiB sparse file took 5 s to scan before it was refused; now its size refuses it
+    /// unread, and an earlier copy up to SIZE_MARGIN times this shim's size is still replaced.
+    #[test]
+    fn refuses_a_file_far_bigger_than_a_shim_by_its_size() {
+        let s = setup();
+        let mut huge = File::create(s.dest()).unwrap();
+        std::io::Write::write_all(&mut huge, ELF_MAGIC).unwrap();
+        huge.set_len(1 << 30).unwrap();
+        drop(huge);
+        let started = std::time::Instant::now();
+        assert_refused(&s, "more than 8 times this shim's");
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(std::fs::metadata(s.dest()).unwrap().len(), 1 << 30);
+        // Even with the ELF magic and the marker at its start.
+        let mut bytes = fake_shim(b"");
+        bytes.resize(s.bytes.len() * SIZE_MARGIN as usize + 1, 0);
+        write(&s.dest(), &bytes, 0o755);
+        assert_refused(&s, "more than 8 times this shim's");
+        // At the margin it is read, and replaced.
+        bytes.truncate(s.bytes.len() * SIZE_MARGIN as usize);
+        write(&s.dest(), &bytes, 0o755);
+        assert!(matches!(s.install().unwrap(), Outcome::Replaced { .. }));
+    }
+
     #[test]
     fn refuses_a_symlink_even_to_an_earlier_copy() {
         let s = setup();
@@ -716,13 +756,16 @@ mod tests {
             bytes.extend_from_slice(&[b'y'; 100]);
             write(&path, &bytes, 0o644);
             let mut f = File::open(&path).unwrap();
-            assert!(is_earlier_copy(&mut f, &MARKER).unwrap(), "offset {offset}");
+            assert!(
+                is_earlier_copy(&mut f, &MARKER, u64::MAX).unwrap(),
+                "offset {offset}"
+            );
             // Cut one byte short of the whole marker: not found.
             bytes.truncate(4 + offset + MARKER.len() - 1);
             write(&path, &bytes, 0o644);
             let mut f = File::open(&path).unwrap();
             assert!(
-                !is_earlier_copy(&mut f, &MARKER).unwrap(),
+                !is_earlier_copy(&mut f, &MARKER, u64::MAX).unwrap(),
                 "offset {offset}"
             );
         }
@@ -733,7 +776,7 @@ mod tests {
     #[test]
     fn this_binary_carries_the_marker() {
         let mut me = File::open(SELF_EXE).unwrap();
-        assert!(is_earlier_copy(&mut me, &MARKER).unwrap());
+        assert!(is_earlier_copy(&mut me, &MARKER, u64::MAX).unwrap());
     }
 
     #[test]

@@ -50,8 +50,9 @@ apiVersion on stdout. On failure prints one line on stderr and exits 1.
 install DIR [--name NAME]
   Copies this executable (/proc/self/exe) to DIR/NAME, mode 0755, atomically: written to
   DIR/.NAME.tmp-PID, fsynced, renamed over DIR/NAME. DIR must exist. Replaces only an
-  earlier copy of credbroker-shim (an ELF file holding the marker every shim carries) and
-  refuses anything else there, symlinks and directories included. For an init container
+  earlier copy of credbroker-shim (an ELF file holding the marker every shim carries, at
+  most 8 times this one's size) and refuses anything else there, symlinks and directories
+  included, a bigger file unread. For an init container
   filling the volume Kueue's manager runs the shim from. Prints one line; on failure one
   line on stderr, nothing left behind, exit 1.
   --name NAME          the file name in DIR [default credbroker-shim]
@@ -89,22 +90,50 @@ impl Failure {
 /// `text` with control characters (C0, DEL, C1) and the Unicode line separators and bidi
 /// overrides escaped as `\n`, `\r`, `\t` or `\u{..}`, as the broker's `text::quote` does.
 fn escape_controls(text: &str) -> String {
+    escape_controls_within(text, usize::MAX).0
+}
+
+/// [`escape_controls`] stopping before the escaped text would pass `max` bytes (never inside
+/// an escape or a character); also says whether all of `text` fit.
+fn escape_controls_within(text: &str, max: usize) -> (String, bool) {
     use std::fmt::Write as _;
-    let mut out = String::with_capacity(text.len());
+    let mut out = String::with_capacity(text.len().min(max));
+    let mut one = String::with_capacity(12);
     for c in text.chars() {
+        one.clear();
         match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
+            '\n' => one.push_str("\\n"),
+            '\r' => one.push_str("\\r"),
+            '\t' => one.push_str("\\t"),
             c if c.is_control()
                 || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
             {
-                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+                let _ = write!(one, "\\u{{{:x}}}", u32::from(c));
             }
-            c => out.push(c),
+            c => one.push(c),
         }
+        if out.len() + one.len() > max {
+            return (out, false);
+        }
+        out.push_str(&one);
     }
-    out
+    (out, true)
+}
+
+/// How much of the peer's text (`grpc-message`, or what a broken answer held) the error line
+/// shows, in bytes once its control characters are escaped: the broker cuts its own messages
+/// to this (`MAX_STATUS_MESSAGE_BYTES` in broker/src/status.rs) and escapes them, so its
+/// messages are shown whole; another server's 60 KB message is not copied onto the one line
+/// client-go puts in Kueue's log.
+const MAX_PEER_TEXT_BYTES: usize = 2048;
+
+/// `text` escaped (see [`escape_controls`]) and cut to [`MAX_PEER_TEXT_BYTES`], a cut marked
+/// with the original length as [`shown`] does.
+fn peer_text(text: &str) -> String {
+    match escape_controls_within(text, MAX_PEER_TEXT_BYTES) {
+        (whole, true) => whole,
+        (head, false) => format!("{head}…({} bytes)", text.len()),
+    }
 }
 
 /// A command-line mistake, with the usage as the hint.
@@ -356,6 +385,13 @@ fn exec_credential_json(
     resp: &GetTokenResponse,
     now_unix: i64,
 ) -> Result<String, String> {
+    if let Some(bad) = resp.token.bytes().find(|&b| !is_header_value_byte(b)) {
+        return Err(format!(
+            "the token holds the control character {bad:#04x}, which client-go cannot send: \
+             it puts the token in an HTTP header (Authorization: Bearer …), and Go's HTTP \
+             client refuses a header value with any control character but tab"
+        ));
+    }
     let status = exec_credential::Status {
         token: &resp.token,
         client_certificate_data: &resp.client_certificate_data,
@@ -363,6 +399,16 @@ fn exec_credential_json(
         expiration_unix: resp.expiration_time.as_ref().map(|t| t.seconds),
     };
     exec_credential::render(api_version, &status, now_unix)
+}
+
+/// Whether `b` may stand in an HTTP header value as Go's HTTP client checks it
+/// (`httpguts.ValidHeaderFieldValue`, RFC 9110 §5.5's field-value): visible ASCII, space,
+/// tab, and bytes 0x80 and up (obs-text; a UTF-8 token's other characters). Every other
+/// control character (NUL, CR, LF, ESC, DEL, …) makes client-go's every request with the
+/// token fail ("invalid header field value"), so the shim refuses the answer instead of
+/// printing a credential that cannot work, with exit 0.
+fn is_header_value_byte(b: u8) -> bool {
+    b == b'\t' || !(b < b' ' || b == 0x7f)
 }
 
 /// Seconds since the Unix epoch; a clock before 1970 reads as 0.
@@ -393,14 +439,16 @@ impl CallError {
                 "is the credbroker sidecar running and the socket volume shared with this \
                  container? set --socket or CREDBROKER_SOCKET",
             ),
-            CallError::Wire(WireError::Protocol(why)) => Failure::new(
-                format!("GetToken call to the broker at {} failed", socket.display()),
-                format!("not a gRPC answer: {why}"),
-                "is the socket credbroker's? check the broker's version",
-            ),
+            CallError::Wire(e @ (WireError::Protocol(_) | WireError::Connection(..))) => {
+                Failure::new(
+                    format!("GetToken call to the broker at {} failed", socket.display()),
+                    peer_text(&e.to_string()),
+                    "is the socket credbroker's? check the broker's version",
+                )
+            }
             CallError::Wire(e) => Failure::new(
                 format!("GetToken call to the broker at {} failed", socket.display()),
-                e.to_string(),
+                peer_text(&e.to_string()),
                 "the connection broke; check that the broker is healthy (its log) and that \
                  the socket is credbroker's",
             ),
@@ -430,7 +478,7 @@ fn status_failure(answer: &Answer, provider: &str) -> Failure {
     let why = if answer.message.is_empty() {
         code.to_owned()
     } else {
-        format!("{code}: {}", answer.message)
+        format!("{code}: {}", peer_text(&answer.message))
     };
     Failure::new(
         format!(
@@ -900,9 +948,13 @@ mod tests {
         Token,
         NotFound,
         Hang,
-        /// A client certificate and key of 300 KB each: an answer far over HTTP/2's
-        /// initial windows and frame size.
+        /// A client certificate and key of 1.2 MB each: an answer over the shim's receive
+        /// window, HTTP/2's initial windows and frame size.
         Big,
+        /// A token of this text.
+        TokenText(&'static str),
+        /// An error status whose message is 60 KB with control characters in it.
+        LongMessage,
     }
 
     #[derive(Debug)]
@@ -935,9 +987,21 @@ mod tests {
                     credbroker_proto::reason::UNKNOWN_PROVIDER,
                 )),
                 Behaviour::Hang => std::future::pending().await,
+                Behaviour::TokenText(token) => Ok(tonic::Response::new(GetTokenResponse {
+                    token: token.into(),
+                    expiration_time: Some(prost_types::Timestamp {
+                        seconds: unix_now() + 3600,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                })),
+                Behaviour::LongMessage => Err(tonic::Status::internal(format!(
+                    "start\n\u{1b}[31m{}end",
+                    "m".repeat(60_000)
+                ))),
                 Behaviour::Big => Ok(tonic::Response::new(GetTokenResponse {
-                    client_certificate_data: "C".repeat(300_000),
-                    client_key_data: "K".repeat(300_000),
+                    client_certificate_data: "C".repeat(1_200_000),
+                    client_key_data: "K".repeat(1_200_000),
                     expiration_time: Some(prost_types::Timestamp {
                         seconds: unix_now() + 3600,
                         nanos: 0,
@@ -1025,7 +1089,8 @@ mod tests {
     }
 
     /// Through tonic's own HTTP/2 server: a 300 KB request (CA data, over the initial
-    /// windows, so sent as the server's WINDOW_UPDATEs allow) and a 600 KB answer.
+    /// windows, so sent as the server's WINDOW_UPDATEs allow) and a 2.4 MB answer (over the
+    /// shim's 1 MiB receive window, which its WINDOW_UPDATEs reopen as it reads).
     #[tokio::test]
     async fn large_requests_and_answers_cross_whole() {
         let (_dir, socket, seen) = start_fake(Behaviour::Big);
@@ -1044,11 +1109,11 @@ mod tests {
                 .as_str()
                 .unwrap()
                 .len(),
-            300_000
+            1_200_000
         );
         assert_eq!(
             doc["status"]["clientKeyData"].as_str().unwrap().len(),
-            300_000
+            1_200_000
         );
         let req = seen.lock().unwrap().clone().unwrap();
         assert_eq!(
@@ -1164,6 +1229,81 @@ mod tests {
             .unwrap_err();
         assert_eq!(f.what, "cannot use KUBERNETES_EXEC_INFO");
         assert!(f.why.starts_with("not valid JSON"), "{}", f.why);
+    }
+
+    /// A 60 KB `grpc-message` was printed whole on the one stderr line client-go copies into
+    /// Kueue's log: it is cut to MAX_PEER_TEXT_BYTES, escaped, the cut marked.
+    #[tokio::test]
+    async fn a_long_status_message_is_cut_and_escaped() {
+        let (_dir, socket, _) = start_fake(Behaviour::LongMessage);
+        let f = call(args(DEFAULT_TIMEOUT), &socket, None)
+            .await
+            .unwrap_err();
+        let line = f.line();
+        assert!(
+            line.len() < MAX_PEER_TEXT_BYTES + 500,
+            "{} bytes",
+            line.len()
+        );
+        assert!(
+            f.why.starts_with("INTERNAL: start\\n\\u{1b}[31mmmm"),
+            "{}",
+            f.why
+        );
+        assert!(
+            f.why.ends_with("m…(60014 bytes)"),
+            "{}",
+            &f.why[f.why.len() - 40..]
+        );
+        assert!(!line.contains('\n') && !line.contains('\u{1b}'), "{line}");
+        // What the broker sends (at most 2048 bytes, already escaped) is shown whole.
+        let mut whole = answer(&tonic::Status::internal("b".repeat(MAX_PEER_TEXT_BYTES)));
+        assert_eq!(
+            status_failure(&whole, "p").why.len(),
+            "INTERNAL: ".len() + MAX_PEER_TEXT_BYTES
+        );
+        // A cut never splits an escape or a character.
+        whole.message = format!("{}\u{1b}", "é".repeat(MAX_PEER_TEXT_BYTES / 2 - 2));
+        let why = status_failure(&whole, "p").why;
+        assert!(why.ends_with("é…(2045 bytes)"), "{why}");
+    }
+
+    /// A token client-go cannot put in an HTTP header was printed with exit 0: every request
+    /// with it then failed in client-go. Refused; tab, spaces and UTF-8 pass.
+    #[tokio::test]
+    async fn a_token_no_http_header_can_carry_is_refused() {
+        for (token, bad) in [
+            ("s3cr\nt", "0x0a"),
+            ("s3cr\rt", "0x0d"),
+            ("s3cr\0", "0x00"),
+            ("\u{1b}[2Js3cr", "0x1b"),
+            ("s3cr\u{7f}", "0x7f"),
+        ] {
+            let token: &'static str = Box::leak(token.to_owned().into_boxed_str());
+            let (_dir, socket, _) = start_fake(Behaviour::TokenText(token));
+            let f = call(args(DEFAULT_TIMEOUT), &socket, None)
+                .await
+                .unwrap_err();
+            assert_eq!(f.what, "unusable answer from the broker", "{token:?}");
+            assert!(
+                f.why
+                    .contains(&format!("the token holds the control character {bad}")),
+                "{token:?}: {}",
+                f.why
+            );
+            assert!(
+                !f.line().contains("s3cr"),
+                "no part of the token: {}",
+                f.line()
+            );
+        }
+        for token in ["a\tb c", "jwt.ünï.côdé", "~!#$%&'*+-.^_`|"] {
+            let token: &'static str = Box::leak(token.to_owned().into_boxed_str());
+            let (_dir, socket, _) = start_fake(Behaviour::TokenText(token));
+            let out = call(args(DEFAULT_TIMEOUT), &socket, None).await.unwrap();
+            let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(doc["status"]["token"], token);
+        }
     }
 
     /// Red-team finding: a 100 KB `--provider` was echoed whole on the one error line.

@@ -4,14 +4,18 @@
 //! keeps tonic).
 //!
 //! The call is one stream (id 1) on a fresh connection: the preface, this client's
-//! SETTINGS, a connection window large enough for the whole answer, the request's HEADERS
-//! and its DATA, all in one write when the request fits HTTP/2's initial windows. Then frames
-//! are read until the answer's trailers end the stream. The broker's SETTINGS are
-//! acknowledged and its PINGs answered; its WINDOW_UPDATEs release the rest of a large
-//! request. Everything the peer sends is bounded before it is kept: frames at
-//! [`FRAME_SIZE`], header blocks at [`hpack::MAX_HEADER_LIST`] (plus a frame), the
-//! message at [`MAX_ANSWER_BYTES`]. A peer that stops talking is the caller's deadline to
-//! handle.
+//! SETTINGS, the connection's receive window raised to [`RECEIVE_WINDOW`], the request's
+//! HEADERS and its DATA, all in one write when the request fits HTTP/2's initial windows.
+//! Then frames are read until the answer's trailers end the stream. The broker's first frame
+//! must be its SETTINGS (RFC 9113 §3.4); its SETTINGS are acknowledged and its PINGs answered
+//! (at most [`MAX_PINGS`] of them); its WINDOW_UPDATEs release the rest of a large request,
+//! and one of 0 or one that pushes a window past 2^31-1 ends the call (§6.9, §6.9.1). The
+//! answer's DATA is counted against this client's receive windows, which WINDOW_UPDATEs
+//! reopen as the answer is read, up to what the largest answer needs: a peer that sends past
+//! them ignores flow control and is refused (§6.9.1). Everything the peer sends is bounded
+//! before it is kept: frames at [`FRAME_SIZE`], header blocks at [`hpack::MAX_HEADER_LIST`]
+//! (plus a frame), the message at [`MAX_ANSWER_BYTES`]. A peer that stops talking is the
+//! caller's deadline to handle.
 //!
 //! [`unary`] is generic over the stream so the fuzz target (`fuzz/fuzz_targets/shim_answer.rs`)
 //! can feed it any bytes.
@@ -32,10 +36,25 @@ pub const FRAME_SIZE: usize = 16_384;
 /// Every window starts at this size (RFC 9113 §6.9.2).
 const INITIAL_WINDOW: i64 = 65_535;
 
-/// The window this client opens for the answer, on the stream (SETTINGS) and on the
-/// connection (WINDOW_UPDATE): the largest answer with its framing, so the broker never
-/// waits on this client for flow control.
-const RECEIVE_WINDOW: u32 = (MAX_ANSWER_BYTES + 5 + FRAME_SIZE) as u32;
+/// The largest a flow-control window may be (RFC 9113 §6.9.1).
+const MAX_WINDOW: i64 = 0x7fff_ffff;
+
+/// The receive window this client opens for the answer, on the stream (SETTINGS) and on the
+/// connection (WINDOW_UPDATE), and keeps open as it reads: 1 MiB, so an ExecCredential (a few
+/// KB) arrives without waiting on this client, and the largest answer ([`MAX_ANSWER_BYTES`])
+/// after a few WINDOW_UPDATEs.
+pub const RECEIVE_WINDOW: u32 = 1 << 20;
+
+/// All the DATA this client lets the broker send in one call (the windows are reopened up to
+/// this and no further): the largest answer with its 5-byte prefix, and one frame for
+/// padding. A peer sending more has ignored the windows.
+const RECEIVE_BUDGET: i64 = (MAX_ANSWER_BYTES + 5 + FRAME_SIZE) as i64;
+
+/// PINGs answered in one call. The broker pings a quiet connection once a minute (its
+/// keepalive, `KEEPALIVE_INTERVAL` in broker/src/server.rs), so 128 is over two hours of
+/// waiting on a slow upstream, far past the default 30 s `--timeout`; a peer past it is
+/// flooding the call, which would otherwise last until the deadline.
+pub const MAX_PINGS: usize = 128;
 
 /// `:authority` of the request. It only fills HTTP/2's pseudo-header: "localhost" is what
 /// every gRPC server accepts (h2 rejects a socket path there).
@@ -93,6 +112,9 @@ pub enum WireError {
     Reset(&'static str, u32),
     /// What the peer sent is not a gRPC answer over HTTP/2.
     Protocol(String),
+    /// The peer broke HTTP/2 itself (RFC 9113 §5.4.1): the error code this client reports
+    /// (`PROTOCOL_ERROR`, `FLOW_CONTROL_ERROR`, …) and why.
+    Connection(u32, String),
 }
 
 impl std::fmt::Display for WireError {
@@ -108,6 +130,9 @@ impl std::fmt::Display for WireError {
                 )
             }
             WireError::Protocol(why) => write!(f, "not a gRPC answer: {why}"),
+            WireError::Connection(code, why) => {
+                write!(f, "the peer broke HTTP/2 ({}): {why}", h2_code(*code))
+            }
         }
     }
 }
@@ -124,6 +149,15 @@ impl From<io::Error> for WireError {
 
 fn protocol(why: impl Into<String>) -> WireError {
     WireError::Protocol(why.into())
+}
+
+// The error codes this client reports (RFC 9113 §7).
+const PROTOCOL_ERROR: u32 = 0x1;
+const FLOW_CONTROL_ERROR: u32 = 0x3;
+const FRAME_SIZE_ERROR: u32 = 0x6;
+
+fn h2_error(code: u32, why: impl Into<String>) -> WireError {
+    WireError::Connection(code, why.into())
 }
 
 /// RFC 9113 §7's error code names.
@@ -170,6 +204,13 @@ struct Call<'s, S> {
     conn_window: i64,
     stream_window: i64,
     peer_frame: usize,
+    /// What the peer may still send on the connection and on the stream (they move
+    /// together: the call is the connection's one stream), and all it was ever allowed.
+    recv_window: i64,
+    recv_granted: i64,
+    /// Whether the peer's SETTINGS, its first frame, has come.
+    settings_seen: bool,
+    pings: usize,
     out: Vec<u8>,
     input: Vec<u8>,
     /// Start of the unread part of `input`.
@@ -194,6 +235,10 @@ impl<'s, S: Read + Write> Call<'s, S> {
             conn_window: INITIAL_WINDOW,
             stream_window: INITIAL_WINDOW,
             peer_frame: FRAME_SIZE,
+            recv_window: i64::from(RECEIVE_WINDOW),
+            recv_granted: i64::from(RECEIVE_WINDOW),
+            settings_seen: false,
+            pings: 0,
             out: Vec::with_capacity(512),
             input: Vec::new(),
             at: 0,
@@ -330,6 +375,18 @@ impl<'s, S: Read + Write> Call<'s, S> {
     fn finish(&mut self) -> Result<Answer, WireError> {
         loop {
             let (kind, flags, id, payload) = self.next_frame()?;
+            if !self.settings_seen {
+                if kind != SETTINGS || flags & ACK != 0 {
+                    return Err(h2_error(
+                        PROTOCOL_ERROR,
+                        format!(
+                            "its first frame is {}, not SETTINGS (RFC 9113 §3.4)",
+                            frame_name(kind, flags)
+                        ),
+                    ));
+                }
+                self.settings_seen = true;
+            }
             if let Some((mut block, ends)) = self.block.take() {
                 if kind != CONTINUATION || id != STREAM {
                     return Err(protocol("a header block without its CONTINUATION"));
@@ -351,6 +408,7 @@ impl<'s, S: Read + Write> Call<'s, S> {
                     if !self.headers_seen {
                         return Err(protocol("DATA before the response headers"));
                     }
+                    self.received(payload.len())?;
                     let data = unpad(&payload, flags)?;
                     if self.body.len() + data.len() > MAX_ANSWER_BYTES + 5 {
                         return Err(protocol(format!("an answer over {MAX_ANSWER_BYTES} bytes")));
@@ -359,6 +417,7 @@ impl<'s, S: Read + Write> Call<'s, S> {
                     if flags & END_STREAM != 0 {
                         return Err(protocol("the answer ended without a grpc-status"));
                     }
+                    self.reopen_window()?;
                 }
                 HEADERS => {
                     self.on_stream(id, "HEADERS")?;
@@ -386,6 +445,13 @@ impl<'s, S: Read + Write> Call<'s, S> {
                     if payload.len() != 8 {
                         return Err(protocol("a PING that is not 8 bytes"));
                     }
+                    self.pings += 1;
+                    if self.pings > MAX_PINGS {
+                        return Err(h2_error(
+                            PROTOCOL_ERROR,
+                            format!("more than {MAX_PINGS} PINGs in one call"),
+                        ));
+                    }
                     self.frame(PING, ACK, 0, &payload);
                     self.flush()?;
                 }
@@ -397,11 +463,33 @@ impl<'s, S: Read + Write> Call<'s, S> {
                     }
                 }
                 WINDOW_UPDATE => {
+                    if payload.len() != 4 {
+                        return Err(h2_error(
+                            FRAME_SIZE_ERROR,
+                            "a WINDOW_UPDATE that is not 4 bytes (RFC 9113 §6.9)",
+                        ));
+                    }
                     let increment = i64::from(be32(&payload)? & 0x7fff_ffff);
-                    match id {
-                        0 => self.conn_window += increment,
-                        STREAM => self.stream_window += increment,
-                        _ => {}
+                    let window = match id {
+                        0 => &mut self.conn_window,
+                        STREAM => &mut self.stream_window,
+                        _ => continue,
+                    };
+                    if increment == 0 {
+                        return Err(h2_error(
+                            PROTOCOL_ERROR,
+                            "a WINDOW_UPDATE of 0 (RFC 9113 §6.9)",
+                        ));
+                    }
+                    *window += increment;
+                    if *window > MAX_WINDOW {
+                        return Err(h2_error(
+                            FLOW_CONTROL_ERROR,
+                            format!(
+                                "a WINDOW_UPDATE that opens the {} window past 2^31-1 (RFC 9113 §6.9.1)",
+                                if id == 0 { "connection" } else { "stream" }
+                            ),
+                        ));
                     }
                     self.send_data()?;
                 }
@@ -411,6 +499,41 @@ impl<'s, S: Read + Write> Call<'s, S> {
                 _ => {}
             }
         }
+    }
+
+    /// Counts a DATA frame (its whole payload, padding included: RFC 9113 §6.9.1) against
+    /// the receive windows.
+    fn received(&mut self, len: usize) -> Result<(), WireError> {
+        self.recv_window -= len as i64;
+        if self.recv_window < 0 {
+            return Err(h2_error(
+                FLOW_CONTROL_ERROR,
+                format!(
+                    "DATA past the receive window this client gave ({} bytes in all; RFC 9113 §6.9.1)",
+                    self.recv_granted
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Once half the receive window is used, WINDOW_UPDATEs on the connection and the stream
+    /// open it again, as far as [`RECEIVE_BUDGET`] allows.
+    fn reopen_window(&mut self) -> Result<(), WireError> {
+        let full = i64::from(RECEIVE_WINDOW);
+        if self.recv_window > full / 2 {
+            return Ok(());
+        }
+        let increment = (full - self.recv_window).min(RECEIVE_BUDGET - self.recv_granted);
+        if increment <= 0 {
+            return Ok(());
+        }
+        self.recv_window += increment;
+        self.recv_granted += increment;
+        let increment = (increment as u32).to_be_bytes();
+        self.frame(WINDOW_UPDATE, 0, 0, &increment);
+        self.frame(WINDOW_UPDATE, 0, STREAM, &increment);
+        self.flush()
     }
 
     fn on_stream(&self, id: u32, frame: &str) -> Result<(), WireError> {
@@ -437,8 +560,15 @@ impl<'s, S: Read + Write> Call<'s, S> {
                     if value > 0x7fff_ffff {
                         return Err(protocol("SETTINGS_INITIAL_WINDOW_SIZE over 2^31-1"));
                     }
-                    // §6.9.2: the change applies to the open stream's window.
+                    // §6.9.2: the change applies to the open stream's window, and one that
+                    // pushes it past 2^31-1 is a FLOW_CONTROL_ERROR.
                     self.stream_window += i64::from(value) - INITIAL_WINDOW;
+                    if self.stream_window > MAX_WINDOW {
+                        return Err(h2_error(
+                            FLOW_CONTROL_ERROR,
+                            "SETTINGS_INITIAL_WINDOW_SIZE opens the stream window past 2^31-1 (RFC 9113 §6.9.2)",
+                        ));
+                    }
                 }
                 SETTINGS_MAX_FRAME_SIZE => {
                     if !(FRAME_SIZE as u32..=0xff_ffff).contains(&value) {
@@ -518,6 +648,27 @@ impl<'s, S: Read + Write> Call<'s, S> {
             details,
             body,
         }))
+    }
+}
+
+/// A frame as an error message names it.
+fn frame_name(kind: u8, flags: u8) -> String {
+    const NAMES: [&str; 10] = [
+        "DATA",
+        "HEADERS",
+        "PRIORITY",
+        "RST_STREAM",
+        "SETTINGS",
+        "PUSH_PROMISE",
+        "PING",
+        "GOAWAY",
+        "WINDOW_UPDATE",
+        "CONTINUATION",
+    ];
+    match NAMES.get(usize::from(kind)) {
+        Some(&"SETTINGS") if flags & ACK != 0 => "a SETTINGS ACK".to_owned(),
+        Some(name) => (*name).to_owned(),
+        None => format!("a frame of type {kind:#x}"),
     }
 }
 
@@ -700,7 +851,18 @@ mod tests {
         )
     }
 
+    /// The peer's script after its connection preface (an empty SETTINGS frame), unless the
+    /// script starts with SETTINGS itself.
     fn call(frames: &[Vec<u8>]) -> (Result<Answer, WireError>, Vec<u8>) {
+        if frames.first().is_some_and(|f| f[3] == SETTINGS) {
+            call_raw(frames)
+        } else {
+            call_raw(&[&[frame(SETTINGS, 0, 0, &[])], frames].concat())
+        }
+    }
+
+    /// The peer's script as it is.
+    fn call_raw(frames: &[Vec<u8>]) -> (Result<Answer, WireError>, Vec<u8>) {
         let mut peer = Scripted {
             input: io::Cursor::new(frames.concat()),
             written: Vec::new(),
@@ -912,6 +1074,7 @@ mod tests {
         let mut peer = Scripted {
             input: io::Cursor::new(
                 [
+                    frame(SETTINGS, 0, 0, &[]),
                     frame(WINDOW_UPDATE, 0, 0, &40_000u32.to_be_bytes()),
                     frame(SETTINGS, 0, 0, &[0, 4, 0, 2, 0, 0]),
                     ok_headers(),
@@ -941,6 +1104,180 @@ mod tests {
         fn concat_payload(&self) -> Vec<u8> {
             self.iter().flat_map(|(_, d)| d.iter().copied()).collect()
         }
+    }
+
+    /// RFC 9113's connection errors, each refused with its code (they ran to an answer, or
+    /// to the end of the script, before).
+    #[test]
+    fn what_http2_forbids_is_refused_with_its_error_code() {
+        let window_update =
+            |id: u32, increment: u32| frame(WINDOW_UPDATE, 0, id, &increment.to_be_bytes());
+        let cases: Vec<(Vec<Vec<u8>>, &str)> = vec![
+            // §3.4: the server's preface is a SETTINGS frame.
+            (
+                vec![
+                    ok_headers(),
+                    frame(DATA, 0, 1, &message(b"m")),
+                    trailers("0"),
+                ],
+                "(PROTOCOL_ERROR): its first frame is HEADERS, not SETTINGS",
+            ),
+            (
+                vec![frame(PING, 0, 0, b"12345678"), ok_headers(), trailers("0")],
+                "its first frame is PING",
+            ),
+            (
+                vec![frame(SETTINGS, ACK, 0, &[]), ok_headers(), trailers("0")],
+                "its first frame is a SETTINGS ACK",
+            ),
+            // §6.9: an increment of 0, on the connection or the stream.
+            (
+                vec![
+                    frame(SETTINGS, 0, 0, &[]),
+                    window_update(0, 0),
+                    ok_headers(),
+                    trailers("0"),
+                ],
+                "(PROTOCOL_ERROR): a WINDOW_UPDATE of 0",
+            ),
+            (
+                vec![
+                    frame(SETTINGS, 0, 0, &[]),
+                    window_update(1, 0),
+                    ok_headers(),
+                    trailers("0"),
+                ],
+                "(PROTOCOL_ERROR): a WINDOW_UPDATE of 0",
+            ),
+            (
+                vec![
+                    frame(SETTINGS, 0, 0, &[]),
+                    frame(WINDOW_UPDATE, 0, 0, &[0, 0, 1]),
+                ],
+                "(FRAME_SIZE_ERROR): a WINDOW_UPDATE that is not 4 bytes",
+            ),
+            // §6.9.1: a window past 2^31-1 (65 535 + 2^31-1, or two steps to it).
+            (
+                vec![
+                    frame(SETTINGS, 0, 0, &[]),
+                    window_update(0, 0x7fff_ffff),
+                    ok_headers(),
+                    trailers("0"),
+                ],
+                "(FLOW_CONTROL_ERROR): a WINDOW_UPDATE that opens the connection window past 2^31-1",
+            ),
+            (
+                vec![
+                    frame(SETTINGS, 0, 0, &[]),
+                    window_update(1, 0x7fff_0000),
+                    window_update(1, 0x7fff_0000),
+                ],
+                "opens the stream window past 2^31-1",
+            ),
+            // §6.9.2: SETTINGS_INITIAL_WINDOW_SIZE pushing the open stream's window over.
+            (
+                vec![
+                    frame(SETTINGS, 0, 0, &[]),
+                    window_update(1, 0x7fff_0000),
+                    frame(SETTINGS, 0, 0, &[0, 4, 0x7f, 0xff, 0xff, 0xff]),
+                ],
+                "(FLOW_CONTROL_ERROR): SETTINGS_INITIAL_WINDOW_SIZE opens the stream window",
+            ),
+        ];
+        for (frames, want) in cases {
+            let (r, _) = call_raw(&frames);
+            let e = r.unwrap_err();
+            assert!(matches!(e, WireError::Connection(..)), "{want:?}: {e:?}");
+            let e = e.to_string();
+            assert!(e.contains(want), "{want:?} not in {e:?}");
+        }
+    }
+
+    /// A peer answering PINGs forever is stopped after [`MAX_PINGS`], not at the deadline.
+    #[test]
+    fn pings_answered_are_bounded() {
+        let mut frames = vec![frame(SETTINGS, 0, 0, &[])];
+        frames.extend(std::iter::repeat_n(
+            frame(PING, 0, 0, b"12345678"),
+            MAX_PINGS,
+        ));
+        frames.extend([
+            ok_headers(),
+            frame(DATA, 0, 1, &message(b"m")),
+            trailers("0"),
+        ]);
+        let (r, written) = call_raw(&frames);
+        assert_eq!(r.unwrap().body, b"m", "{MAX_PINGS} PINGs are answered");
+        let acks = frames_of(&written)
+            .iter()
+            .filter(|f| (f.0, f.1) == (PING, ACK))
+            .count();
+        assert_eq!(acks, MAX_PINGS);
+        frames.insert(1, frame(PING, 0, 0, b"one more"));
+        let (r, written) = call_raw(&frames);
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("(PROTOCOL_ERROR): more than 128 PINGs in one call"),
+            "{e}"
+        );
+        let acks = frames_of(&written)
+            .iter()
+            .filter(|f| (f.0, f.1) == (PING, ACK))
+            .count();
+        assert_eq!(acks, MAX_PINGS);
+    }
+
+    /// The answer's DATA is counted against the receive windows, which are reopened as it
+    /// is read; a peer sending past them is refused (RFC 9113 §6.9.1).
+    #[test]
+    fn received_data_follows_flow_control() {
+        // A 3 MiB answer: WINDOW_UPDATEs on the connection and the stream reopen the 1 MiB
+        // windows as it is read.
+        let big = vec![b'x'; 3 << 20];
+        let framed = message(&big);
+        let mut frames = vec![ok_headers()];
+        frames.extend(framed.chunks(FRAME_SIZE).map(|c| frame(DATA, 0, 1, c)));
+        frames.push(trailers("0"));
+        let (r, written) = call(&frames);
+        assert_eq!(r.unwrap().body.len(), big.len());
+        let updates: Vec<(u32, u32)> = frames_of(&written)
+            .into_iter()
+            .filter(|f| f.0 == WINDOW_UPDATE)
+            .map(|f| (f.2, be32(&f.3).unwrap()))
+            .collect();
+        // The first opens the connection's window to RECEIVE_WINDOW with the preface.
+        assert_eq!(updates[0], (0, RECEIVE_WINDOW - INITIAL_WINDOW as u32));
+        let on = |id: u32| -> u64 {
+            updates[1..]
+                .iter()
+                .filter(|u| u.0 == id)
+                .map(|u| u64::from(u.1))
+                .sum()
+        };
+        let granted = u64::from(RECEIVE_WINDOW) + on(0);
+        assert!(granted >= framed.len() as u64, "{granted}");
+        assert_eq!(on(0), on(1), "the connection and the stream move together");
+        assert!(
+            granted <= RECEIVE_BUDGET as u64,
+            "{granted} > {RECEIVE_BUDGET}"
+        );
+
+        // Padding counts too: DATA of nothing but padding, past everything this client
+        // ever grants, is a FLOW_CONTROL_ERROR (it ran to the end of the script before).
+        let mut padded = vec![255u8];
+        padded.resize(FRAME_SIZE, 0);
+        let mut frames = vec![ok_headers()];
+        frames.extend(std::iter::repeat_n(
+            frame(DATA, PADDED, 1, &padded[..256]),
+            RECEIVE_BUDGET as usize / 256 + 1,
+        ));
+        frames.push(trailers("0"));
+        let (r, _) = call(&frames);
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("(FLOW_CONTROL_ERROR): DATA past the receive window"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -39,6 +39,43 @@ fn check_config_refuses_duplicate_keys_naming_the_path() {
     );
 }
 
+/// `credbroker notin(x)` (no space before the parenthesis) passed `check-config` as a selector
+/// by presence; Kubernetes' lexer ends an identifier at '(', so the API server reads
+/// `credbroker notin (x)`: every Secret without that label. Refused, saying how it is read;
+/// the same requirement beside one by presence is fine.
+#[test]
+fn check_config_reads_a_label_selector_as_kubernetes_does() {
+    let dir = tempdir();
+    let path = dir.path().join("secrets.yaml");
+    let config = |selector: &str| {
+        format!(
+            "providers:\n  - name: secrets\n    type: kubernetesSecret\n    kubernetesSecret:\n      namespace: kueue-system\n      labelSelector: {selector}\n"
+        )
+    };
+    std::fs::write(&path, config("credbroker notin(x)")).unwrap();
+    let out = run_broker_cli(&["check-config".as_ref(), path.as_os_str()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "providers[0].kubernetesSecret.labelSelector: \"credbroker notin(x)\" selects \
+             Secrets without a label: Kubernetes reads it as \"credbroker notin (x)\""
+        ),
+        "{stderr}"
+    );
+    std::fs::write(
+        &path,
+        config("\"credbroker notin(x),credbroker.dev/credential=true\""),
+    )
+    .unwrap();
+    let out = run_broker_cli(&["check-config".as_ref(), path.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Item 5 of issue 23: a `providers:` fragment pasted into a file on its own was read as a
 /// tuple of the top-level sections, so check-config named the socket section's fields
 /// ("unknown field `allowOverrides`, expected one of `path`, `mode`, …").

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod label_selector;
+
 use crate::values::{
     ConfigDuration, Selector, SelectorKey, TemplatePart, is_dns_label, is_placeholder_name,
     is_secret_key, template_parts,
@@ -51,33 +53,6 @@ pub const LOCATING_KEYS: &[&str] = &["clusterName", "namespace"];
 /// The label selector the docs and error messages suggest: a label of credbroker's own, set on
 /// the Secrets that hold worker credentials.
 pub const EXAMPLE_LABEL_SELECTOR: &str = "credbroker.dev/credential=true";
-
-/// Whether a label selector has at least one requirement a Secret meets only by carrying a
-/// label (`key=value`, `key==value`, `key in (...)`, `key`), rather than only ones an
-/// unlabelled Secret meets too (`!key`, `key!=value`, `key notin (...)`). Requirements are
-/// separated by commas outside parentheses (the API server's selector syntax).
-fn selects_by_presence(selector: &str) -> bool {
-    let mut requirements = Vec::new();
-    let (mut depth, mut start) = (0usize, 0usize);
-    for (i, c) in selector.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth = depth.saturating_sub(1),
-            ',' if depth == 0 => {
-                requirements.push(&selector[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    requirements.push(&selector[start..]);
-    requirements.iter().map(|r| r.trim()).any(|r| {
-        !r.is_empty()
-            && !r.starts_with('!')
-            && !r.contains("!=")
-            && !r.split_whitespace().any(|word| word == "notin")
-    })
-}
 
 /// Credentials kept in Secrets of one namespace of the cluster the broker runs in (or the
 /// one a development kubeconfig points at), one Secret per worker cluster.
@@ -259,19 +234,33 @@ impl Config {
                     format!("must not be empty, e.g. {EXAMPLE_LABEL_SELECTOR}"),
                 ));
             }
-            Some(selector) if !selects_by_presence(selector) => {
-                return Err((
-                    "labelSelector".into(),
-                    format!(
-                        "{selector:?} has only requirements a Secret meets by lacking a label \
-                         (!key, key!=value, key notin (...)), so it matches every unlabelled \
-                         Secret of the namespace; add one the credential Secrets meet by \
-                         carrying a label (key=value, key in (...), or key), e.g. \
-                         {EXAMPLE_LABEL_SELECTOR}"
-                    ),
-                ));
+            Some(_) => {
+                // As the API server gets it: untrimmed (its lexer decides what is whitespace).
+                let selector = self.label_selector.as_deref().unwrap_or_default();
+                let requirements = label_selector::parse(selector).map_err(|why| {
+                    (
+                        "labelSelector".to_owned(),
+                        format!(
+                            "{selector:?} is not a label selector the API server accepts: {why}"
+                        ),
+                    )
+                })?;
+                if label_selector::matches_unlabelled(&requirements) {
+                    let read: Vec<String> = requirements.iter().map(ToString::to_string).collect();
+                    return Err((
+                        "labelSelector".into(),
+                        format!(
+                            "{selector:?} selects Secrets without a label: Kubernetes reads it \
+                             as {:?}, whose every requirement a Secret meets by lacking a label \
+                             (!key, key!=value, key notin (...)), so it matches every unlabelled \
+                             Secret of the namespace; add one the credential Secrets meet by \
+                             carrying a label (key=value, key in (...), or key), e.g. \
+                             {EXAMPLE_LABEL_SELECTOR}",
+                            read.join(",")
+                        ),
+                    ));
+                }
             }
-            Some(_) => {}
         }
         if let Some(path) = &self.kubeconfig
             && !path.is_absolute()
@@ -325,10 +314,18 @@ mod tests {
             ("env!=prod", false),
             ("tier notin (a,b)", false),
             ("!a, b != c, d notin (x, y)", false),
-            (" , ", false),
+            ("credbroker notin(x)", false),
+            ("credbroker notin(x),app=kueue", true),
+            ("x in(a)", true),
         ] {
-            assert_eq!(selects_by_presence(selector), narrow, "{selector:?}");
+            let requirements = label_selector::parse(selector).unwrap();
+            assert_eq!(
+                !label_selector::matches_unlabelled(&requirements),
+                narrow,
+                "{selector:?}"
+            );
         }
+        assert!(label_selector::parse(" , ").is_err());
     }
 
     #[test]
@@ -384,7 +381,30 @@ mod tests {
             ),
             (
                 "{namespace: n, labelSelector: \"!app, tier notin (a, b), env!=prod\"}",
-                "kubernetesSecret.labelSelector: \"!app, tier notin (a, b), env!=prod\" has only requirements",
+                "kubernetesSecret.labelSelector: \"!app, tier notin (a, b), env!=prod\" selects \
+                 Secrets without a label: Kubernetes reads it as \"!app,env!=prod,tier notin (a,b)\"",
+            ),
+            // No space before the parenthesis: still `notin`, as Kubernetes' lexer ends an
+            // identifier at '(' (this passed as a selector by presence before).
+            (
+                "{namespace: n, labelSelector: \"credbroker notin(x)\"}",
+                "\"credbroker notin(x)\" selects Secrets without a label: Kubernetes reads it as \
+                 \"credbroker notin (x)\"",
+            ),
+            (
+                "{namespace: n, labelSelector: \"a!=b,c notin(d)\"}",
+                "reads it as \"a!=b,c notin (d)\"",
+            ),
+            // Text the API server would refuse at the first list, refused here with its reason.
+            (
+                "{namespace: n, labelSelector: \"app=kueue tier\"}",
+                "kubernetesSecret.labelSelector: \"app=kueue tier\" is not a label selector the \
+                 API server accepts: found 'tier', expected: ',' or 'end of string'",
+            ),
+            (
+                "{namespace: n, labelSelector: \"App.io/x=y\"}",
+                "is not a label selector the API server accepts: unable to parse requirement: \
+                 Invalid value: \"App.io/x\": prefix part",
             ),
             ("{namespace: n, lifetime: 0s}", "kubernetesSecret.lifetime"),
             (
