@@ -73,7 +73,7 @@ func TestDispatchFile(t *testing.T) {
 	var tokens []string
 	for i, c := range fleet.Workers {
 		name := fmt.Sprintf("file-%d", i+1)
-		tok := auth.Issue(c.Name)
+		tok := workerToken(t, c)
 		tokens = append(tokens, tok)
 		writeFile(t, filepath.Join(s.TokenDir, name), tok+"\n")
 		w, err := s.NewWorker(name, "onprem", c, map[string]any{"clusterName": name})
@@ -120,7 +120,7 @@ func execWorkers(t *testing.T, s *harness.Stack, prefix string, clusters []*harn
 	var tokens []string
 	for i, c := range clusters {
 		name := fmt.Sprintf("%s-%d", prefix, i+1)
-		tok := auth.Issue(c.Name)
+		tok := workerToken(t, c)
 		tokens = append(tokens, tok)
 		writeFile(t, filepath.Join(s.RunDir, "tokens", name), tok+"\n")
 		w, err := s.NewWorker(name, "onprem", c, map[string]any{"clusterName": name})
@@ -170,18 +170,18 @@ stringData: {token: %q}
 }
 
 // TestDispatchKubernetesSecret: the kubernetesSecret provider watching Secrets on the real hub
-// API server (KUBECONFIG, as docs/providers/kubernetes-secret.md says for outside a pod).
+// API server with the manager pod's ServiceAccount (in-cluster config, the provider's default)
+// and the RBAC of Kueue's release manifests.
 func TestDispatchKubernetesSecret(t *testing.T) {
 	s := startStack(t, fleet, harness.StackOptions{
 		BrokerConfig: brokerConfig(t, secretsProvider),
-		BrokerEnv:    []string{"KUBECONFIG=/var/run/e2e/hub.kubeconfig"},
 		KueueConfig:  kueueConfig(t, shimEntry("secretreader", "secretreader")),
 	})
 	var workers []*harness.Worker
 	var tokens []string
 	for i, c := range fleet.Workers {
 		name := fmt.Sprintf("ksecret-%d", i+1)
-		tok := auth.Issue(c.Name)
+		tok := workerToken(t, c)
 		tokens = append(tokens, tok)
 		createTokenSecret(t, name, tok)
 		w, err := s.NewWorker(name, "secretreader", c, map[string]any{"clusterName": name})
@@ -199,6 +199,9 @@ func TestDispatchKubernetesSecret(t *testing.T) {
 	if c.OK < float64(len(workers)) {
 		t.Errorf("OK calls = %v, want at least %d", c.OK, len(workers))
 	}
+	if c.Fetches != float64(len(workers)) {
+		t.Errorf("upstream fetches (Secret reads) = %v, want %d (one per cluster)", c.Fetches, len(workers))
+	}
 	noTokenIn(t, "the broker log", s.Broker.LogText(), tokens...)
 }
 
@@ -210,12 +213,11 @@ name: wrapped-secretreader
 type: exec
 exec:
   command: /opt/e2e/bin/secretreader
-  passEnv: [KUBECONFIG]
+  passEnv: [KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT]
   timeout: 30s
 `
 	s := startStack(t, fleet, harness.StackOptions{
 		BrokerConfig: brokerConfig(t, wrapped),
-		BrokerEnv:    []string{"KUBECONFIG=/var/run/e2e/hub.kubeconfig"},
 		KueueConfig: kueueConfig(t,
 			execEntry("cia-secretreader", "/opt/e2e/bin/secretreader"),
 			shimEntry("wrapped-secretreader", "wrapped-secretreader")),
@@ -225,7 +227,7 @@ exec:
 		var workers []*harness.Worker
 		for i, c := range fleet.Workers {
 			name := fmt.Sprintf("%s-%d", v.set, i+1)
-			createTokenSecret(t, name, auth.Issue(c.Name))
+			createTokenSecret(t, name, workerToken(t, c))
 			w, err := s.NewWorker(name, v.provider, c, map[string]any{"clusterName": name})
 			if err != nil {
 				t.Fatal(err)
@@ -235,12 +237,21 @@ exec:
 		times[v.set] = dispatch(t, s, v.set, "accessProviders", workers)
 	}
 	for i := range fleet.Workers {
-		d := times["srdirect"][fmt.Sprintf("srdirect-%d", i+1)]
-		w := times["srwrapped"][fmt.Sprintf("srwrapped-%d", i+1)]
+		d, okd := times["srdirect"][fmt.Sprintf("srdirect-%d", i+1)]
+		w, okw := times["srwrapped"][fmt.Sprintf("srwrapped-%d", i+1)]
+		if !okd || !okw || d <= 0 || w <= 0 {
+			t.Errorf("worker-%d: no ClusterProfile-to-Active time for both (direct %v %.2fs, wrapped %v %.2fs)", i+1, okd, d, okw, w)
+		}
 		t.Logf("worker-%d: ClusterProfile created -> Active: secretreader %.2fs | secretreader wrapped by credbroker exec %.2fs", i+1, d, w)
 	}
-	c, _ := s.Broker.CountsFor("wrapped-secretreader")
+	c, err := s.Broker.CountsFor("wrapped-secretreader")
+	if err != nil {
+		t.Fatalf("the broker's counters: %v", err)
+	}
 	t.Logf("broker wrapped-secretreader: %v GetToken calls, %v upstream fetches (secretreader runs), %v re-asks (%v confirmed rejections)", c.Requests, c.Fetches, c.Reasks, c.Rejected)
+	if c.Fetches != float64(len(fleet.Workers)) || c.FetchErrors != 0 {
+		t.Errorf("wrapped secretreader: %v upstream fetches (%v failed), want %d (one per cluster)", c.Fetches, c.FetchErrors, len(fleet.Workers))
+	}
 }
 
 // TestSharedIdentityFanOut: twelve ClusterProfiles (twelve distinct server addresses, six
@@ -253,7 +264,7 @@ func TestSharedIdentityFanOut(t *testing.T) {
 	var names []string
 	for _, c := range fleet.Workers {
 		identity := "shared-" + c.Name
-		writeFile(t, filepath.Join(s.TokenDir, identity), auth.Issue(c.Name)+"\n")
+		writeFile(t, filepath.Join(s.TokenDir, identity), workerToken(t, c)+"\n")
 		for j := 0; j < perWorker; j++ {
 			name := fmt.Sprintf("fan-%s-%d", c.Name, j+1)
 			w, err := s.NewWorker(name, "onprem", c, map[string]any{"clusterName": identity})

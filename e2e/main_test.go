@@ -18,7 +18,6 @@ var (
 	peers   *harness.Peers
 	content string
 	plugin  string
-	auth    *harness.TokenAuth
 	fleet   *harness.Env
 	scratch string
 )
@@ -56,12 +55,11 @@ func run(m *testing.M) int {
 	if err := harness.BuildGo("./cmd/tokenplugin", plugin); err != nil {
 		return fail(err)
 	}
-	if auth, err = harness.StartTokenAuth(); err != nil {
-		return fail(err)
-	}
-	defer auth.Close()
 	start := time.Now()
-	fleet, err = harness.StartEnv(ctx, filepath.Join(scratch, "fleet"), peers, peers.Kueue[kueueMain], 2, content, plugin, auth, "")
+	fleet, err = harness.StartEnv(ctx, harness.EnvOptions{
+		Dir: filepath.Join(scratch, "fleet"), Peers: peers, Kueue: peers.Kueue[kueueMain], Workers: 2,
+		Content: content, TokenPlugin: plugin, Overlay: harness.ShippedOverlay,
+	})
 	if err != nil {
 		return fail(err)
 	}
@@ -71,28 +69,41 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-// kueueConfig is deploy/'s Kueue configuration, rendered, plus the access-provider entries a
-// scenario adds (the shape docs/ gives them).
+// kueueConfig is the hub's Kueue configuration as the shipped overlay renders it, plus the
+// access-provider entries a scenario adds (the shape docs/ gives them).
 func kueueConfig(t *testing.T, extra ...map[string]any) map[string]any {
 	t.Helper()
-	cfg, err := harness.RenderedKueueConfig(peers.Kueue[kueueMain], scratch)
+	return envKueueConfig(t, fleet, "accessProviders", extra...)
+}
+
+// envKueueConfig is env's rendered hub Kueue configuration with extra entries appended to
+// its list (field: accessProviders, or credentialsProviders for Kueue v0.15–v0.18).
+func envKueueConfig(t *testing.T, env *harness.Env, field string, extra ...map[string]any) map[string]any {
+	t.Helper()
+	cfg, err := env.KueueConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Not a host-process difference but a fleet one: MultiKueue watches, on every worker, the
-	// kind of each enabled integration that MultiKueue supports, and refuses to connect
-	// ("no matches for kind ...", MultiKueueCluster never Active) while a worker lacks one of
-	// those CRDs. These workers serve only batch/v1 Jobs.
-	harness.Sub(cfg, "integrations")["frameworks"] = []any{"batch/job"}
-	if len(extra) > 0 {
-		cp := harness.Sub(harness.Sub(cfg, "multiKueue"), "clusterProfile")
-		list, _ := cp["accessProviders"].([]any)
-		for _, e := range extra {
-			list = append(list, e)
-		}
-		cp["accessProviders"] = list
+	cp := harness.Sub(harness.Sub(cfg, "multiKueue"), "clusterProfile")
+	list, ok := cp[field].([]any)
+	if !ok {
+		t.Fatalf("the rendered Kueue configuration has no multiKueue.clusterProfile.%s list", field)
 	}
+	for _, e := range extra {
+		list = append(list, e)
+	}
+	cp[field] = list
 	return cfg
+}
+
+// workerToken mints a token of the worker identity deploy/examples/worker-rbac binds on c.
+func workerToken(t *testing.T, c *harness.Cluster) string {
+	t.Helper()
+	tok, err := c.WorkerToken(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }
 
 // shimEntry is an accessProviders entry running the shim for a broker provider, as docs/ write it.

@@ -45,6 +45,9 @@ type BrokerOptions struct {
 	Dir       string
 	Mounts    []Mount
 	Env       []string
+	// Identity, when set, is the pod's ServiceAccount as the kubelet projects it into every
+	// container (the kubernetesSecret provider's in-cluster config).
+	Identity *ServiceAccountVolume
 }
 
 // StartBroker starts the broker and waits until its health check passes.
@@ -89,6 +92,11 @@ func StartBroker(ctx context.Context, o BrokerOptions) (*Broker, error) {
 		{Src: o.SocketDir, Dst: "/var/run/credbroker", RW: true},
 		{Src: o.TokenDir, Dst: "/var/run/secrets/credbroker/clusters"},
 	}, o.Mounts...)
+	env := o.Env
+	if o.Identity != nil {
+		mounts = append(mounts, o.Identity.Mount)
+		env = append(append([]string{}, o.Identity.Env...), env...)
+	}
 	b := &Broker{
 		SocketHost:  filepath.Join(o.SocketDir, "broker.sock"),
 		MetricsPort: port,
@@ -96,7 +104,7 @@ func StartBroker(ctx context.Context, o BrokerOptions) (*Broker, error) {
 		Container: &Container{
 			Name:  "credbroker",
 			Argv:  []string{"/bin/credbroker", "serve", "--config", "/etc/credbroker/config.yaml"},
-			Env:   o.Env,
+			Env:   env,
 			Mount: mounts,
 			Dir:   filepath.Join(o.Dir, "container"),
 			Log:   filepath.Join(o.Dir, "credbroker.log"),

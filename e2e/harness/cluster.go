@@ -41,9 +41,7 @@ type ClusterOptions struct {
 	Peers *Peers
 	Kueue KueuePeer // whose CRDs and webhooks to install (and whose ClusterProfile CRD on a hub)
 	Hub   bool      // also the ClusterProfile CRD
-	// TokenAuth, when set, authenticates bearer tokens on this cluster through the test's webhook.
-	TokenAuth *TokenAuth
-	Dir       string // scratch directory (kubeconfigs, webhook config)
+	Dir   string    // scratch directory (kubeconfigs, webhook config)
 }
 
 // StartCluster starts a control plane and waits until it serves.
@@ -74,16 +72,6 @@ func StartCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 	env.ControlPlane.Etcd = &envtest.Etcd{Path: o.Peers.Etcd}
 	api := &envtest.APIServer{Path: o.Peers.KubeAPIServer}
 	env.ControlPlane.APIServer = api
-	if o.TokenAuth != nil {
-		wh := filepath.Join(o.Dir, "token-webhook.kubeconfig")
-		if err := os.WriteFile(wh, o.TokenAuth.WebhookKubeconfig(o.Name), 0o600); err != nil {
-			return nil, err
-		}
-		api.Configure().
-			Set("authentication-token-webhook-config-file", wh).
-			Set("authentication-token-webhook-version", "v1").
-			Set("authentication-token-webhook-cache-ttl", "0s")
-	}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("%s: control plane: %w", o.Name, err)

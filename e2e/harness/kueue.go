@@ -13,11 +13,35 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// RenderedKueueConfig is controller_manager_config.yaml as the user applies it:
-// `kubectl kustomize deploy/kueue/image-volume`, ConfigMap kueue-manager-config. The shipped
-// deploy/kueue/kueue-install names Kueue's release manifest by URL; here it is rendered, in a
-// copy of deploy/ under scratch, from the Kueue module's own config/default (k.Dir), offline.
-func RenderedKueueConfig(k KueuePeer, scratch string) (map[string]any, error) {
+// The shipped overlay and section 3's kustomization for Kueue v0.15–v0.18 (docs/deploy.md):
+// what a user renders and applies.
+const (
+	// ShippedOverlay is deploy/kueue/image-volume, as shipped.
+	ShippedOverlay = "kueue/image-volume"
+	// CredentialsProvidersOverlay is docs/deploy.md section 3's kustomization with
+	// components/kueue-config-credentials-providers in place of components/kueue-config, as
+	// that section tells users of Kueue v0.15–v0.18 to write it.
+	CredentialsProvidersOverlay = "my-kueue"
+)
+
+const credentialsProvidersKustomization = `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../kueue/kueue-install
+components:
+  - ../kueue/components/credbroker-sidecar
+  - ../kueue/components/shim-image-volume
+  - ../kueue/components/kueue-config-credentials-providers
+images:
+  - {name: credbroker, newName: registry.example.com/credbroker, newTag: 0.1.0}
+`
+
+// RenderDeploy renders a kustomization of deploy/ as the user applies it (`kubectl kustomize`),
+// over Kueue k's own release manifests. The shipped deploy/kueue/kueue-install names Kueue's
+// release manifest by URL; here it names, in a copy of deploy/ under scratch, the Kueue
+// module's own config/default (k.Dir), the source of that manifest, offline. overlay is
+// ShippedOverlay or CredentialsProvidersOverlay.
+func RenderDeploy(k KueuePeer, scratch, overlay string) ([]byte, error) {
 	tree, err := os.MkdirTemp(scratch, "deploy-")
 	if err != nil {
 		return nil, err
@@ -42,11 +66,36 @@ func RenderedKueueConfig(k KueuePeer, scratch string) (map[string]any, error) {
 	if err := os.WriteFile(filepath.Join(install, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
 		return nil, err
 	}
-	out, err := exec.Command("kubectl", "kustomize", filepath.Join(tree, "kueue", "image-volume")).Output()
-	if err != nil {
-		return nil, fmt.Errorf("kubectl kustomize deploy/kueue/image-volume over kueue %s: %w", k.Version, err)
+	if overlay == CredentialsProvidersOverlay {
+		dir := filepath.Join(tree, overlay)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(credentialsProvidersKustomization), 0o644); err != nil {
+			return nil, err
+		}
 	}
-	for _, doc := range bytes.Split(out, []byte("\n---\n")) {
+	out, err := exec.Command("kubectl", "kustomize", filepath.Join(tree, overlay)).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("kubectl kustomize %s over kueue %s: %w\n%s", overlay, k.Version, err, out)
+	}
+	return out, nil
+}
+
+// RenderKueueRelease renders Kueue k's own release manifests (config/default): what a
+// worker runs.
+func RenderKueueRelease(k KueuePeer) ([]byte, error) {
+	out, err := exec.Command("kubectl", "kustomize", filepath.Join(k.Dir, "config", "default")).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("kubectl kustomize kueue %s config/default: %w\n%s", k.Version, err, out)
+	}
+	return out, nil
+}
+
+// KueueConfigOf is controller_manager_config.yaml of ConfigMap kueue-manager-config in a
+// rendered installation.
+func KueueConfigOf(rendered []byte) (map[string]any, error) {
+	for _, doc := range bytes.Split(rendered, []byte("\n---\n")) {
 		var obj struct {
 			Kind     string                `json:"kind"`
 			Metadata struct{ Name string } `json:"metadata"`
@@ -63,17 +112,7 @@ func RenderedKueueConfig(k KueuePeer, scratch string) (map[string]any, error) {
 			return cfg, nil
 		}
 	}
-	return nil, fmt.Errorf("no ConfigMap kueue-manager-config in the rendered deploy/kueue/image-volume")
-}
-
-// UpstreamKueueConfig is Kueue's own default configuration from its module (what a worker runs).
-func UpstreamKueueConfig(k KueuePeer) (map[string]any, error) {
-	b, err := os.ReadFile(filepath.Join(k.Dir, "config/components/manager/controller_manager_config.yaml"))
-	if err != nil {
-		return nil, err
-	}
-	cfg := map[string]any{}
-	return cfg, yaml.Unmarshal(b, &cfg)
+	return nil, fmt.Errorf("no ConfigMap kueue-manager-config in the rendered installation")
 }
 
 // Sub returns the map at key in m, creating it.
@@ -118,10 +157,14 @@ type KueueOptions struct {
 	Dir     string
 	// Manager-pod volumes beyond Kueue's own (hub: the shim and the broker's socket).
 	Mounts []Mount
+	// Identity is the pod's ServiceAccount (kueue-system/kueue-controller-manager), as the
+	// kubelet projects it: Kueue reaches its API server with client-go's in-cluster config.
+	Identity *ServiceAccountVolume
 }
 
 // StartKueue runs Kueue's manager as its pod would: /manager --config=/controller_manager_config.yaml,
-// uid 65532, its certificates where its Secret volumes are, and waits until /readyz answers.
+// uid 65532, its ServiceAccount where the kubelet projects it, its certificates where its
+// Secret volumes are, and waits until /readyz answers.
 func StartKueue(ctx context.Context, o KueueOptions, healthPort int) (*Kueue, error) {
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, err
@@ -147,12 +190,12 @@ func StartKueue(ctx context.Context, o KueueOptions, healthPort int) (*Kueue, er
 		{Src: cfgFile, Dst: "/controller_manager_config.yaml"},
 		{Src: o.Cluster.WebhookCertDir, Dst: "/tmp/k8s-webhook-server/serving-certs"},
 		{Src: metricsCerts, Dst: "/etc/kueue/metrics/certs"},
-		{Src: o.Cluster.Kubeconfig, Dst: "/var/run/e2e/kubeconfig"},
+		o.Identity.Mount,
 	}, o.Mounts...)
 	k := &Kueue{HealthPort: healthPort, Cluster: o.Cluster, Container: &Container{
 		Name:  o.Name,
 		Argv:  []string{"/manager", "--config=/controller_manager_config.yaml", "--zap-log-level=2"},
-		Env:   []string{"KUBECONFIG=/var/run/e2e/kubeconfig", "HOME=/tmp"},
+		Env:   append([]string{"HOME=/tmp"}, o.Identity.Env...),
 		Mount: mounts,
 		Dir:   filepath.Join(o.Dir, "container"),
 		Log:   filepath.Join(o.Dir, "kueue.log"),

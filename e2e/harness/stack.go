@@ -15,17 +15,36 @@ import (
 )
 
 // Env is one fleet: a hub and its workers, each worker with its own Kueue, ClusterQueue
-// "worker-cq" and ResourceFlavor "default-flavor"; bearer tokens on the workers through Auth.
+// "worker-cq" and ResourceFlavor "default-flavor", and deploy/examples/worker-rbac applied
+// (the identity credbroker's credentials carry there).
 type Env struct {
 	Peers        *Peers
 	Kueue        KueuePeer
 	Content      string // the image content (scripts/image-content.sh)
 	TokenPlugin  string
-	Auth         *TokenAuth
 	Hub          *Cluster
 	Workers      []*Cluster
 	WorkerKueues []*Kueue
 	Dir          string
+	// Rendered is what the hub's manager pod is made of: the overlay (EnvOptions.Overlay)
+	// rendered over this Kueue's release manifests.
+	Rendered []byte
+	// HubIdentity is the manager pod's ServiceAccount on the hub, for Kueue and the broker.
+	HubIdentity *ServiceAccountVolume
+}
+
+// EnvOptions: what one fleet runs.
+type EnvOptions struct {
+	Dir         string
+	Peers       *Peers
+	Kueue       KueuePeer
+	Workers     int
+	Content     string // the image content
+	TokenPlugin string // the exec provider's upstream (cmd/tokenplugin)
+	Prefix      string // of every cluster's name
+	// Overlay is the kustomization the hub's manager pod comes from: ShippedOverlay, or
+	// CredentialsProvidersOverlay for Kueue v0.15–v0.18.
+	Overlay string
 }
 
 const workerSetup = `apiVersion: kueue.x-k8s.io/v1beta2
@@ -46,22 +65,36 @@ spec:
       - {name: memory, nominalQuota: 100Gi}
 `
 
-// StartEnv starts the hub and n workers (in parallel) and a Kueue on each worker.
-func StartEnv(ctx context.Context, dir string, peers *Peers, kueue KueuePeer, n int, content, tokenPlugin string, auth *TokenAuth, prefix string) (*Env, error) {
-	e := &Env{Peers: peers, Kueue: kueue, Content: content, TokenPlugin: tokenPlugin, Auth: auth, Dir: dir}
+// StartEnv starts the hub and the workers (in parallel), gives each Kueue its release
+// manifests' ServiceAccount and RBAC, applies the worker RBAC on each worker, and starts a
+// Kueue on each worker.
+func StartEnv(ctx context.Context, o EnvOptions) (*Env, error) {
+	e := &Env{Peers: o.Peers, Kueue: o.Kueue, Content: o.Content, TokenPlugin: o.TokenPlugin, Dir: o.Dir}
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	var err error
+	if e.Rendered, err = RenderDeploy(o.Kueue, o.Dir, o.Overlay); err != nil {
+		return nil, err
+	}
+	release, err := RenderKueueRelease(o.Kueue)
+	if err != nil {
+		return nil, err
+	}
+	n := o.Workers
 	e.Workers = make([]*Cluster, n)
 	errs := make([]error, n+1)
 	var wg sync.WaitGroup
 	wg.Add(n + 1)
 	go func() {
 		defer wg.Done()
-		e.Hub, errs[n] = StartCluster(ctx, ClusterOptions{Name: prefix + "hub", Peers: peers, Kueue: kueue, Hub: true, Dir: filepath.Join(dir, prefix+"hub")})
+		e.Hub, errs[n] = StartCluster(ctx, ClusterOptions{Name: o.Prefix + "hub", Peers: o.Peers, Kueue: o.Kueue, Hub: true, Dir: filepath.Join(o.Dir, o.Prefix+"hub")})
 	}()
 	for i := 0; i < n; i++ {
 		go func(i int) {
 			defer wg.Done()
-			name := fmt.Sprintf("%sworker-%d", prefix, i+1)
-			e.Workers[i], errs[i] = StartCluster(ctx, ClusterOptions{Name: name, Peers: peers, Kueue: kueue, TokenAuth: auth, Dir: filepath.Join(dir, name)})
+			name := fmt.Sprintf("%sworker-%d", o.Prefix, i+1)
+			e.Workers[i], errs[i] = StartCluster(ctx, ClusterOptions{Name: name, Peers: o.Peers, Kueue: o.Kueue, Dir: filepath.Join(o.Dir, name)})
 		}(i)
 	}
 	wg.Wait()
@@ -71,28 +104,46 @@ func StartEnv(ctx context.Context, dir string, peers *Peers, kueue KueuePeer, n 
 			return nil, err
 		}
 	}
+	fail := func(err error) (*Env, error) { e.Stop(); return nil, err }
+	if err := e.Hub.InstallKueueRBAC(e.Rendered); err != nil {
+		return fail(err)
+	}
+	if e.HubIdentity, err = e.Hub.ServiceAccountVolume(ctx, filepath.Join(o.Dir, "hub-serviceaccount"), KueueNamespace, KueueServiceAccount); err != nil {
+		return fail(err)
+	}
 	for _, w := range e.Workers {
-		cfg, err := UpstreamKueueConfig(kueue)
+		if err := w.ApplyWorkerRBAC(); err != nil {
+			return fail(err)
+		}
+		if err := w.InstallKueueRBAC(release); err != nil {
+			return fail(err)
+		}
+		id, err := w.ServiceAccountVolume(ctx, filepath.Join(o.Dir, w.Name, "serviceaccount"), KueueNamespace, KueueServiceAccount)
 		if err != nil {
-			e.Stop()
-			return nil, err
+			return fail(err)
+		}
+		cfg, err := KueueConfigOf(release)
+		if err != nil {
+			return fail(err)
 		}
 		hp, _ := FreePort()
 		mp, _ := FreePort()
 		HostProcessOverrides(cfg, w, hp, mp)
-		k, err := StartKueue(ctx, KueueOptions{Name: "kueue-" + w.Name, Peer: kueue, Cluster: w, Config: cfg, Dir: filepath.Join(dir, w.Name, "kueue")}, hp)
+		k, err := StartKueue(ctx, KueueOptions{Name: "kueue-" + w.Name, Peer: o.Kueue, Cluster: w, Config: cfg, Dir: filepath.Join(o.Dir, w.Name, "kueue"), Identity: id}, hp)
 		if err != nil {
-			e.Stop()
-			return nil, err
+			return fail(err)
 		}
 		e.WorkerKueues = append(e.WorkerKueues, k)
 		if err := Apply(ctx, w.Client, workerSetup); err != nil {
-			e.Stop()
-			return nil, fmt.Errorf("%s: %w", w.Name, err)
+			return fail(fmt.Errorf("%s: %w", w.Name, err))
 		}
 	}
 	return e, nil
 }
+
+// KueueConfig is a fresh copy of the hub's Kueue configuration as rendered (before the
+// host-process overrides).
+func (e *Env) KueueConfig() (map[string]any, error) { return KueueConfigOf(e.Rendered) }
 
 // Stop stops every process of the fleet.
 func (e *Env) Stop() {
@@ -102,7 +153,9 @@ func (e *Env) Stop() {
 	for _, w := range e.Workers {
 		_ = w.Stop()
 	}
-	_ = e.Hub.Stop()
+	if e.Hub != nil {
+		_ = e.Hub.Stop()
+	}
 }
 
 // Stack is what one scenario runs on the hub: credbroker (optional) and Kueue's manager,
@@ -114,7 +167,7 @@ type Stack struct {
 	Dir       string
 	SocketDir string // /var/run/credbroker
 	TokenDir  string // /var/run/secrets/credbroker/clusters (the onprem file provider)
-	RunDir    string // /var/run/e2e in the broker: tokens/ for the token plugin, runs.log, hub.kubeconfig
+	RunDir    string // /var/run/e2e in the broker: tokens/ for the token plugin, runs.log
 	KueueCfg  map[string]any
 	kueueOpts KueueOptions
 	hp        int
@@ -142,17 +195,11 @@ func (e *Env) StartStack(ctx context.Context, dir string, o StackOptions) (*Stac
 			return nil, err
 		}
 	}
-	kc, err := os.ReadFile(e.Hub.Kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(s.RunDir, "hub.kubeconfig"), kc, 0o644); err != nil {
-		return nil, err
-	}
+	var err error
 	if o.BrokerConfig != nil {
 		s.Broker, err = StartBroker(ctx, BrokerOptions{
 			Content: e.Content, Config: o.BrokerConfig, SocketDir: s.SocketDir, TokenDir: s.TokenDir,
-			Dir: filepath.Join(dir, "broker"), Env: o.BrokerEnv,
+			Dir: filepath.Join(dir, "broker"), Env: o.BrokerEnv, Identity: e.HubIdentity,
 			Mounts: append(e.secretreaderMount(), []Mount{
 				{Src: e.TokenPlugin, Dst: "/opt/e2e/bin/tokenplugin"},
 				{Src: s.RunDir, Dst: "/var/run/e2e", RW: true},
@@ -167,7 +214,7 @@ func (e *Env) StartStack(ctx context.Context, dir string, o StackOptions) (*Stac
 	mp, _ := FreePort()
 	HostProcessOverrides(s.KueueCfg, e.Hub, s.hp, mp)
 	s.kueueOpts = KueueOptions{
-		Name: "kueue-hub", Peer: e.Kueue, Cluster: e.Hub, Config: s.KueueCfg, Dir: filepath.Join(dir, "kueue"),
+		Name: "kueue-hub", Peer: e.Kueue, Cluster: e.Hub, Config: s.KueueCfg, Dir: filepath.Join(dir, "kueue"), Identity: e.HubIdentity,
 		Mounts: append(e.secretreaderMount(), []Mount{
 			{Src: filepath.Join(e.Content, "plugins"), Dst: "/plugins"}, // the image volume, subPath plugins
 			{Src: s.SocketDir, Dst: "/var/run/credbroker"},              // the socket emptyDir, read-only

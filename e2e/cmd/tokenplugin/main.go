@@ -4,6 +4,10 @@
 // one line per run in a log file, so the test knows how many upstream fetches happened. When
 // TOKEN_DIR holds NAME.crt and NAME.key instead, it prints that client certificate and key.
 //
+// The credential's expirationTimestamp is TOKEN_LIFETIME (a Go duration) from now, default one
+// hour. While TOKEN_DIR holds a file named DOWN the upstream is down: the plugin fails, and
+// logs the run in RUN_LOG.fail instead.
+//
 // Usage: tokenplugin TOKEN_DIR RUN_LOG
 package main
 
@@ -39,7 +43,19 @@ func main() {
 	if name == "" || strings.ContainsAny(name, "/.") {
 		fail("no usable clusterName in spec.cluster.config")
 	}
-	status := map[string]any{"expirationTimestamp": time.Now().Add(time.Hour).UTC().Format(time.RFC3339)}
+	if _, err := os.Stat(filepath.Join(os.Args[1], "DOWN")); err == nil {
+		logRun(os.Args[2]+".fail", name, info.Spec.Cluster.Server)
+		fail("the upstream is down (DOWN)")
+	}
+	lifetime := time.Hour
+	if v := os.Getenv("TOKEN_LIFETIME"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			fail("TOKEN_LIFETIME: not a positive duration: " + v)
+		}
+		lifetime = d
+	}
+	status := map[string]any{"expirationTimestamp": time.Now().Add(lifetime).UTC().Format(time.RFC3339)}
 	base := filepath.Join(os.Args[1], name)
 	if crt, err := os.ReadFile(base + ".crt"); err == nil {
 		key, err := os.ReadFile(base + ".key")
@@ -55,12 +71,7 @@ func main() {
 		}
 		status["token"] = strings.TrimSpace(string(tok))
 	}
-	f, err := os.OpenFile(os.Args[2], os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		fail(err.Error())
-	}
-	fmt.Fprintf(f, "%s %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), name, info.Spec.Cluster.Server)
-	f.Close()
+	logRun(os.Args[2], name, info.Spec.Cluster.Server)
 	apiVersion := info.APIVersion
 	if apiVersion == "" {
 		apiVersion = "client.authentication.k8s.io/v1"
@@ -71,6 +82,16 @@ func main() {
 		"status":     status,
 	})
 	os.Stdout.Write(append(out, '\n'))
+}
+
+// logRun appends one line for this run: time, cluster name, server.
+func logRun(path, name, server string) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		fail(err.Error())
+	}
+	fmt.Fprintf(f, "%s %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), name, server)
+	f.Close()
 }
 
 func fail(msg string) {
