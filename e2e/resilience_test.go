@@ -60,14 +60,28 @@ func TestRevokedTokenRecovers(t *testing.T) {
 	if err := s.SubmitJob(ctx, "revoke", "revoke-after"); err != nil {
 		t.Fatal(err)
 	}
-	a, err := s.WaitAdmitted(ctx, "revoke", "revoke-after", 3*time.Minute)
+	// As in TestBrokerRestart: a Job that gets its quota while MultiKueue is reconnecting to
+	// its only worker is nominated nowhere and waits for the next event on its Workload
+	// (Kueue v0.19.2 does not requeue waiting workloads when a worker connects).
+	a, err := s.WaitAdmitted(ctx, "revoke", "revoke-after", time.Minute)
+	nudged := false
 	if err != nil {
-		t.Fatal(err)
+		if _, err := s.WaitActive(ctx, time.Minute, w.Name); err != nil {
+			t.Fatal(err)
+		}
+		if err := nudge(ctx, s, "revoke", "revoke-after"); err != nil {
+			t.Fatal(err)
+		}
+		nudged = true
+		if a, err = s.WaitAdmitted(ctx, "revoke", "revoke-after", 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := s.WaitActive(ctx, time.Minute, w.Name); err != nil {
 		t.Fatal(err)
 	}
 	recovered := time.Since(revoked)
+	t.Logf("the Job submitted after the first 401 needed a Workload event: %v", nudged)
 	c1, _ := s.Broker.CountsFor("onprem")
 	runs := pluginRuns(s) - runs0
 	t.Logf("revoked all tokens of %s and cut %d connections: first 401 after %.2fs; Active with a new Job admitted (%s) after %.2fs; %d upstream fetches (plugin runs), %v re-asks, %v confirmed rejections, %v GetToken calls, %v requests the worker could not authenticate",
