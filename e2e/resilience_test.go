@@ -63,7 +63,7 @@ func TestRevokedTokenRecovers(t *testing.T) {
 	// As in TestBrokerRestart: a Job that gets its quota while MultiKueue is reconnecting to
 	// its only worker is nominated nowhere and waits for the next event on its Workload
 	// (Kueue v0.19.2 does not requeue waiting workloads when a worker connects).
-	a, err := s.WaitAdmitted(ctx, "revoke", "revoke-after", time.Minute)
+	a, err := s.WaitAdmitted(ctx, "revoke", "revoke-after", 20*time.Second)
 	nudged := false
 	if err != nil {
 		if _, err := s.WaitActive(ctx, time.Minute, w.Name); err != nil {
