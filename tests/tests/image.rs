@@ -9,6 +9,9 @@
 //!   serves a file provider config mounted in, its health check passes, and the shim from the
 //!   same image gets a token over the shared socket.
 //!
+//! - deploy/Containerfile, built with `buildah build` on a local stand-in for its Rust base
+//!   (scripts/local-rust-base.sh), holds what build-image.sh's release archive holds.
+//!
 //! The image is built once per test process from a debug-profile content build (release takes
 //! minutes); buildah's storage lives in temp dirs (vfs driver), so nothing is left behind.
 //! Needs root and buildah, skopeo (scripts/test.sh installs them).
@@ -619,7 +622,9 @@ fn out_stdout_of(layer: &Path) -> Vec<u8> {
 /// compared with scripts/build-image.sh's archive of the same commit and timestamp, both with
 /// the release profile (what ships): the same config (user, entrypoint, args, working dir,
 /// labels, platform, creation time) and the same one layer, entry for entry (type, mode,
-/// owner, size, mtime, name, and each file's SHA-256), so the same layer digest.
+/// owner, size, mtime, name, and each file's SHA-256), the two binaries aside: those are
+/// compared by place, mode, owner and mtime, and must name no build path (their bytes differ,
+/// docs/deploy.md "What the tests check" says why).
 /// The Containerfile without its tools (jq, binutils, cargo-auditable) fails here: the base,
 /// like the official image, has no cargo-auditable and no jq.
 #[test]
@@ -634,20 +639,29 @@ fn containerfile_built_with_buildah_is_the_image_build_image_sh_builds() {
     std::fs::create_dir_all(&dir).expect("mkdir");
     let revision = git_head();
 
-    // scripts/build-image.sh, release content built on this machine.
-    let scripted = dir.join("build-image.tar");
+    // scripts/build-image.sh on release content built on this machine, laid out where
+    // scripts/image-content.sh puts it by default (target/image-content): the Containerfile's
+    // `prebuilt` stage copies it from there, and buildah 1.28 builds that stage too (below).
     let out = run(
-        Command::new(repo().join("scripts/build-image.sh"))
-            .args(["--profile", "release", "--timestamp", COMPARE_TIMESTAMP])
-            .args(["--revision", &revision, "--out"])
-            .arg(&scripted),
+        Command::new(repo().join("scripts/image-content.sh")).args(["--profile", "release"]),
         BUILD_TIMEOUT,
     );
     assert!(
         out.status.success(),
-        "build-image.sh --profile release: {}",
+        "image-content.sh --profile release: {}",
         describe(&out)
     );
+    let scripted = dir.join("build-image.tar");
+    let out = run(
+        Command::new(repo().join("scripts/build-image.sh"))
+            .arg("--content")
+            .arg(repo().join("target/image-content"))
+            .args(["--timestamp", COMPARE_TIMESTAMP])
+            .args(["--revision", &revision, "--out"])
+            .arg(&scripted),
+        BUILD_TIMEOUT,
+    );
+    assert!(out.status.success(), "build-image.sh: {}", describe(&out));
 
     // The base: built once, cached by Debian release, Rust version and the script's digest.
     let out = run(
@@ -709,7 +723,9 @@ fn containerfile_built_with_buildah_is_the_image_build_image_sh_builds() {
     // - --ignorefile: Docker reads deploy/Containerfile.dockerignore by itself; buildah 1.28
     //   needs it named.
     // - --skip-unused-stages=false: buildah 1.28 resolves `FROM ${CONTENT}` after deciding
-    //   which stages to build, and would skip the build stage.
+    //   which stages to build, and would skip the build stage; so it builds every stage,
+    //   `prebuilt` too, which copies target/image-content (laid out above); and --layers, or
+    //   it finds no image for the stage `FROM ${CONTENT}` names ("build: image not known").
     // - -v the CA bundle: crates.io is reached through this machine's TLS proxy, whose CA is
     //   in this machine's bundle only; it is also what image-content.sh ships, as on the host.
     let tmp = image_cache().join("buildah-tmp");
@@ -719,7 +735,7 @@ fn containerfile_built_with_buildah_is_the_image_build_image_sh_builds() {
         storage
             .buildah()
             .env("TMPDIR", &tmp)
-            .args(["build", "--isolation", "chroot", "--pull-never"])
+            .args(["build", "--isolation", "chroot", "--pull-never", "--layers"])
             .args([
                 "--skip-unused-stages=false",
                 "--timestamp",
@@ -754,7 +770,7 @@ fn containerfile_built_with_buildah_is_the_image_build_image_sh_builds() {
     assert!(out.status.success(), "buildah push: {}", describe(&out));
 
     // The config: everything but the history (one entry per Containerfile step there, one
-    // `buildah commit` in the script's) and buildah build's own version label.
+    // `buildah commit` in the script's), buildah's own version label and the layer digest.
     let config = |archive: &Path| -> Value {
         let out = run(
             Command::new(&skopeo)
@@ -764,7 +780,10 @@ fn containerfile_built_with_buildah_is_the_image_build_image_sh_builds() {
         );
         assert!(out.status.success(), "skopeo inspect: {}", describe(&out));
         let mut c: Value = serde_json::from_slice(&out.stdout).expect("config JSON");
-        c.as_object_mut().expect("object").remove("history");
+        let o = c.as_object_mut().expect("object");
+        o.remove("history");
+        // The layer's digest: its binaries' bytes differ (below).
+        o.remove("rootfs");
         if let Some(labels) = c["config"]["Labels"].as_object_mut() {
             labels.remove("io.buildah.version");
         }
@@ -776,12 +795,27 @@ fn containerfile_built_with_buildah_is_the_image_build_image_sh_builds() {
         "deploy/Containerfile's config (left) against build-image.sh's (right)"
     );
 
-    let (scripted_manifest, scripted_layer) = layer_entries(&scripted);
-    let (built_manifest, built_layer) = layer_entries(&built);
+    let (_, scripted_layer) = layer_entries(&scripted);
+    let (_, built_layer) = layer_entries(&built);
+    // The binaries: where they sit, mode, owner and mtime, not their bytes. Both builds map
+    // their paths to the same names (no checkout, target or CARGO_HOME path is left, checked
+    // below), but cargo gives the workspace's own crates another `-C metadata` in each (see
+    // docs/deploy.md, "What the tests check"), so symbol hashes and layout differ.
+    let comparable = |name: &str, entry: &str| -> String {
+        if BINARIES.contains(&name) {
+            let f: Vec<&str> = entry.split_whitespace().collect();
+            format!("{} {} {} {} {}", f[0], f[1], f[3], f[4], f[5])
+        } else {
+            entry.to_owned()
+        }
+    };
     let differing: Vec<String> = scripted_layer
         .keys()
         .chain(built_layer.keys())
-        .filter(|name| scripted_layer.get(*name) != built_layer.get(*name))
+        .filter(|name| {
+            scripted_layer.get(*name).map(|e| comparable(name, e))
+                != built_layer.get(*name).map(|e| comparable(name, e))
+        })
         .map(|name| {
             format!(
                 "{name}:\n  Containerfile:   {}\n  build-image.sh:  {}",
@@ -795,8 +829,56 @@ fn containerfile_built_with_buildah_is_the_image_build_image_sh_builds() {
         "the two layers differ:\n{}",
         differing.join("\n")
     );
-    assert_eq!(
-        built_manifest["layers"], scripted_manifest["layers"],
-        "the same entries make the same layer, byte for byte"
-    );
+    let home = std::env::var("HOME").expect("HOME");
+    let root = repo().display().to_string();
+    let build_paths = [
+        root.as_str(),
+        "/src/broker/src/",
+        "/src/shim/src/",
+        "/usr/local/cargo",
+        &format!("{home}/.cargo"),
+    ];
+    for (archive, what) in [(&scripted, "build-image.sh"), (&built, "Containerfile")] {
+        let tmp = tempdir();
+        let out = run(
+            Command::new("tar")
+                .arg("-xf")
+                .arg(archive)
+                .arg("-C")
+                .arg(tmp.path()),
+            COMMAND_TIMEOUT,
+        );
+        assert!(out.status.success(), "unpack: {}", describe(&out));
+        let (manifest, _) = layer_entries(archive);
+        let blob = tmp.path().join(format!(
+            "blobs/{}",
+            manifest["layers"][0]["digest"]
+                .as_str()
+                .expect("digest")
+                .replacen(':', "/", 1)
+        ));
+        let rootfs = tmp.path().join("rootfs");
+        std::fs::create_dir(&rootfs).expect("mkdir");
+        let out = run(
+            Command::new("tar")
+                .arg("-xf")
+                .arg(&blob)
+                .arg("-C")
+                .arg(&rootfs),
+            COMMAND_TIMEOUT,
+        );
+        assert!(out.status.success(), "unpack the layer: {}", describe(&out));
+        for bin in BINARIES {
+            let bytes = std::fs::read(rootfs.join(bin)).expect("read binary");
+            for path in build_paths {
+                assert!(
+                    !bytes.windows(path.len()).any(|w| w == path.as_bytes()),
+                    "{what}'s {bin} names the build path {path}"
+                );
+            }
+        }
+    }
 }
+
+/// The image's binaries (compared by place, not by bytes: see the Containerfile test).
+const BINARIES: [&str; 2] = ["bin/credbroker", "plugins/bin/credbroker-shim"];
