@@ -5,7 +5,8 @@
 #
 #   /bin/credbroker, /plugins/bin/credbroker-shim, /etc/ssl/certs/ca-certificates.crt,
 #   /etc/passwd and /etc/group (nonroot = 65532); user 65532:65532, entrypoint /bin/credbroker,
-#   cmd `serve --config /etc/credbroker/config.yaml`, linux/ARCH, and the OCI labels
+#   cmd `serve --config /etc/credbroker/config.yaml`, linux/ARCH, the PATH every Containerfile
+#   build gets (docker build, buildah build), and the OCI labels
 #   org.opencontainers.image.source (Cargo.toml's repository), .version (the broker's own
 #   `credbroker version`) and .revision (git HEAD).
 #
@@ -103,6 +104,7 @@ bh config \
     --os linux --arch "$arch" \
     --user 65532:65532 \
     --workingdir / \
+    --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     --entrypoint '["/bin/credbroker"]' \
     --cmd '["serve", "--config", "/etc/credbroker/config.yaml"]' \
     --label "org.opencontainers.image.source=$source_url" \

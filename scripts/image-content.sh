@@ -72,6 +72,12 @@ target_dir=${CARGO_TARGET_DIR:-target}
 # .cargo/config.toml sets build.target, so outputs land under the target triple.
 triple=x86_64-unknown-linux-gnu
 
+# What the release build's paths are mapped to (below): the checkout, its target directory for
+# the image, CARGO_HOME. Fixed names, so the binaries do not depend on where they were built.
+REMAP_ROOT=/credbroker
+REMAP_TARGET=/credbroker/target
+REMAP_CARGO_HOME=/cargo
+
 # Cargo calls the dev profile's directory "debug".
 profile_dir() { case "$1" in dev|debug) echo debug ;; *) echo "$1" ;; esac; }
 profile_flag() { case "$1" in dev|debug) ;; release) echo --release ;; *) echo "--profile $1" ;; esac; }
@@ -94,10 +100,31 @@ case "$arch:$profile" in
         # What ships carries its dependency list (cargo-auditable's .dep-v0 section).
         "$cargo" auditable --version >/dev/null 2>&1 \
             || die "cargo-auditable is missing: cargo install --locked cargo-auditable (scripts/test.sh does)"
-        "$cargo" auditable build --locked --release -p credbroker
-        "$cargo" auditable build --locked --profile shim -p credbroker-shim
-        broker_src=$target_dir/$triple/release/credbroker
-        shim_src=$target_dir/$triple/shim/credbroker-shim
+        # Where the sources and the build sit must not show in what ships: panic locations,
+        # prost's generated code (in OUT_DIR) and the C of the TLS crypto provider (__FILE__)
+        # name them. Mapped to fixed names, a build in a clone anywhere, with any CARGO_HOME
+        # (deploy/Containerfile: /src, /usr/local/cargo) gives the same bytes.
+        # Its own target directory: other rustflags than every other build's (test.sh's shim,
+        # tests/tests/sbom.rs), which would otherwise rebuild each other's crates in turn.
+        image_target=$target_dir/image-build
+        mkdir -p "$image_target"
+        image_target=$(cd "$image_target" && pwd -P)
+        root=$(pwd -P)
+        cargo_home=${CARGO_HOME:-$HOME/.cargo}
+        cargo_home=$(cd "$cargo_home" && pwd -P)
+        remap=("--remap-path-prefix=$root=$REMAP_ROOT" "--remap-path-prefix=$image_target=$REMAP_TARGET"
+               "--remap-path-prefix=$cargo_home=$REMAP_CARGO_HOME")
+        rustflags=$(printf '"%s",' "${remap[@]}")
+        cflags="-ffile-prefix-map=$root=$REMAP_ROOT -ffile-prefix-map=$image_target=$REMAP_TARGET -ffile-prefix-map=$cargo_home=$REMAP_CARGO_HOME"
+        # --config appends these to .cargo/config.toml's target rustflags (+crt-static stays).
+        for build in "--release -p credbroker" "--profile shim -p credbroker-shim"; do
+            # shellcheck disable=SC2086
+            CARGO_TARGET_DIR=$image_target CFLAGS_x86_64_unknown_linux_gnu="${CFLAGS_x86_64_unknown_linux_gnu:-} $cflags" \
+                "$cargo" auditable build --locked $build \
+                --config "target.$triple.rustflags=[${rustflags%,}]"
+        done
+        broker_src=$image_target/$triple/release/credbroker
+        shim_src=$image_target/$triple/shim/credbroker-shim
         ;;
     *:*)
         # shellcheck disable=SC2046

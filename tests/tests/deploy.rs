@@ -1535,8 +1535,37 @@ fn containerfile_copies_the_script_output_onto_an_empty_base() {
         "the default (last) stage is the script's output on an empty base, as scripts/build-image.sh builds it: {last}"
     );
     assert!(
-        lines.contains(&"RUN scripts/image-content.sh --profile release --out /image-content"),
+        lines.contains(&"scripts/image-content.sh --profile release --out /image-content"),
         "the build stage runs the tested script: {lines:?}"
+    );
+    // The build stage's base is an argument (the tests build this file on a local base,
+    // tests/tests/image.rs), the official Rust image by default.
+    assert!(
+        lines.contains(&"ARG RUST_IMAGE=docker.io/library/rust:1-bookworm")
+            && stages.contains(&"FROM ${RUST_IMAGE} AS build"),
+        "{stages:?}"
+    );
+    // What the scripts need beyond that image: jq (scripts/sbom.sh), readelf (binutils) and
+    // cargo-auditable at the version scripts/test.sh installs.
+    let test_sh = std::fs::read_to_string(repo().join("scripts/test.sh")).expect("test.sh");
+    let pinned = test_sh
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("cargo-auditable@"))
+        .expect("scripts/test.sh pins cargo-auditable@VERSION");
+    assert!(
+        lines.contains(&format!("ARG CARGO_AUDITABLE_VERSION={pinned}").as_str()),
+        "the Containerfile's cargo-auditable is scripts/test.sh's {pinned}: {lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l
+                .contains("cargo install --locked \"cargo-auditable@${CARGO_AUDITABLE_VERSION}\"")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.contains(&"&& DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends jq binutils \\"),
+        "{lines:?}"
     );
     // The final stage: the script's output as the root, nothing else.
     let final_stage: Vec<&str> = lines
@@ -1551,8 +1580,9 @@ fn containerfile_copies_the_script_output_onto_an_empty_base() {
             "ARG VERSION=unknown",
             "ARG REVISION=unknown",
             "COPY --from=content /image-content/ /",
-            "LABEL org.opencontainers.image.source=\"https://github.com/credbroker/credbroker\" org.opencontainers.image.version=\"${VERSION}\" org.opencontainers.image.revision=\"${REVISION}\"",
+            "LABEL org.opencontainers.image.source=\"https://github.com/credbroker/credbroker\" org.opencontainers.image.version=\"${VERSION}\" org.opencontainers.image.revision=\"${REVISION}\" org.opencontainers.image.title=\"credbroker\"",
             "USER 65532:65532",
+            "WORKDIR /",
             "ENTRYPOINT [\"/bin/credbroker\"]",
             "CMD [\"serve\", \"--config\", \"/etc/credbroker/config.yaml\"]",
         ]

@@ -9,6 +9,9 @@
 //!   serves a file provider config mounted in, its health check passes, and the shim from the
 //!   same image gets a token over the shared socket.
 //!
+//! - deploy/Containerfile, built with `buildah build` on a local stand-in for its Rust base
+//!   (scripts/local-rust-base.sh), holds what build-image.sh's release archive holds.
+//!
 //! The image is built once per test process from a debug-profile content build (release takes
 //! minutes); buildah's storage lives in temp dirs (vfs driver), so nothing is left behind.
 //! Needs root and buildah, skopeo (scripts/test.sh installs them).
@@ -451,3 +454,431 @@ fn the_image_index_holds_amd64_and_arm64_and_builds_reproducibly() {
         assert_eq!(layers(&first, arch), layers(&second, arch), "{arch} layers");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// deploy/Containerfile, built the documented way
+// ---------------------------------------------------------------------------------------
+
+/// One creation time for both builds of the comparison (build-image.sh's `--timestamp`,
+/// `buildah build --timestamp`): every file's mtime and the config's `created`.
+const COMPARE_TIMESTAMP: &str = "1700000000";
+/// Bound for a cold Containerfile build: the local base (Debian's packages, about 3 min), then
+/// cargo-auditable and the release broker and shim compiled in the container (measured at
+/// about 15 min on a busy 2-core machine).
+const CONTAINERFILE_TIMEOUT: Duration = Duration::from_secs(45 * 60);
+/// The build stage's base in the tests' storage (scripts/local-rust-base.sh's OCI layout,
+/// copied in by skopeo: `FROM oci:PATH` would name the image after its path, which buildah
+/// refuses for a path with a dot in it, such as ~/.cache).
+const LOCAL_BASE: &str = "localhost/credbroker-rust-base";
+const CONTAINERFILE_TAG: &str = "localhost/credbroker:containerfile";
+
+/// `CREDBROKER_IMAGE_CACHE`, else ~/.cache/credbroker-image: the local base
+/// (scripts/local-rust-base.sh) and buildah's cache mounts (its TMPDIR), kept between runs as
+/// a CI cache would keep them.
+fn image_cache() -> PathBuf {
+    std::env::var_os("CREDBROKER_IMAGE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/credbroker-image")
+        })
+}
+
+/// buildah storage (overlay: the 1.2 GB base is not copied per container as vfs would) in a
+/// temp dir; its images and mounts are removed on drop.
+struct Storage {
+    dir: tempfile::TempDir,
+}
+
+impl Storage {
+    fn new() -> Storage {
+        Storage {
+            dir: tempfile::Builder::new()
+                .prefix("credbroker-containerfile-")
+                .tempdir_in(Path::new(env!("CARGO_TARGET_TMPDIR")))
+                .expect("temp dir"),
+        }
+    }
+
+    fn spec(&self) -> String {
+        format!(
+            "[overlay@{}+{}]",
+            self.dir.path().join("root").display(),
+            self.dir.path().join("runroot").display()
+        )
+    }
+
+    fn buildah(&self) -> Command {
+        let mut cmd = Command::new(buildah_tool());
+        cmd.arg("--root")
+            .arg(self.dir.path().join("root"))
+            .arg("--runroot")
+            .arg(self.dir.path().join("runroot"))
+            .args(["--storage-driver", "overlay"]);
+        cmd
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        let _ = run(self.buildah().args(["rm", "--all"]), COMMAND_TIMEOUT);
+        let _ = run(
+            self.buildah().args(["rmi", "--all", "--force"]),
+            COMMAND_TIMEOUT,
+        );
+        // The overlay driver leaves its home mounted on itself.
+        let _ = run(
+            Command::new("umount")
+                .arg("--recursive")
+                .arg("--lazy")
+                .arg(self.dir.path().join("root/overlay")),
+            COMMAND_TIMEOUT,
+        );
+    }
+}
+
+/// What an OCI archive's one layer holds: for each entry, its `tar -tv` line (type, mode,
+/// owner, size, mtime, name) and, for files, the SHA-256 of its bytes.
+fn layer_entries(archive: &Path) -> (Value, BTreeMap<String, String>) {
+    let skopeo = require_tool("skopeo", "apt-get install skopeo");
+    let out = run(
+        Command::new(&skopeo)
+            .args(["inspect", "--raw"])
+            .arg(format!("oci-archive:{}", archive.display())),
+        COMMAND_TIMEOUT,
+    );
+    assert!(out.status.success(), "skopeo inspect: {}", describe(&out));
+    let manifest: Value = serde_json::from_slice(&out.stdout).expect("manifest JSON");
+    let layers = manifest["layers"].as_array().expect("layers");
+    assert_eq!(layers.len(), 1, "{}: {manifest}", archive.display());
+    let blob = format!(
+        "blobs/{}",
+        layers[0]["digest"]
+            .as_str()
+            .expect("digest")
+            .replacen(':', "/", 1)
+    );
+    let tmp = tempdir();
+    let out = run(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(archive)
+            .arg("-C")
+            .arg(tmp.path())
+            .arg(&blob),
+        COMMAND_TIMEOUT,
+    );
+    assert!(out.status.success(), "extract {blob}: {}", describe(&out));
+    let layer = tmp.path().join(&blob);
+    let listing = out_stdout_of(&layer);
+    let root = tmp.path().join("root");
+    std::fs::create_dir(&root).expect("mkdir");
+    let out = run(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(&layer)
+            .arg("-C")
+            .arg(&root),
+        COMMAND_TIMEOUT,
+    );
+    assert!(out.status.success(), "unpack the layer: {}", describe(&out));
+    let mut entries = BTreeMap::new();
+    for line in String::from_utf8_lossy(&listing).lines() {
+        let name = line
+            .split_whitespace()
+            .last()
+            .expect("a name")
+            .trim_start_matches("./")
+            .trim_end_matches('/')
+            .to_owned();
+        let mut entry = line.split_whitespace().collect::<Vec<_>>().join(" ");
+        let path = root.join(&name);
+        if path.is_file() {
+            let out = run(Command::new("sha256sum").arg(&path), COMMAND_TIMEOUT);
+            assert!(out.status.success(), "sha256sum: {}", describe(&out));
+            let sum = String::from_utf8_lossy(&out.stdout);
+            entry.push_str(" sha256:");
+            entry.push_str(sum.split_whitespace().next().expect("a digest"));
+        }
+        entries.insert(name, entry);
+    }
+    (manifest, entries)
+}
+
+/// `tar -tv` of a layer blob, as [`layer_entries`] reads it.
+fn out_stdout_of(layer: &Path) -> Vec<u8> {
+    let out = run(
+        Command::new("tar")
+            .args(["-tv", "--numeric-owner", "--full-time", "-f"])
+            .arg(layer),
+        COMMAND_TIMEOUT,
+    );
+    assert!(out.status.success(), "list the layer: {}", describe(&out));
+    out.stdout
+}
+
+/// deploy/Containerfile, built as docs/deploy.md section 1 says (`docker build -f
+/// deploy/Containerfile ...` from the repository root), with buildah instead of Docker and the
+/// local stand-in for `rust:1-bookworm` (scripts/local-rust-base.sh) as its build base; then
+/// compared with scripts/build-image.sh's archive of the same commit and timestamp, both with
+/// the release profile (what ships): the same config (user, entrypoint, args, working dir,
+/// labels, platform, creation time) and the same one layer, entry for entry (type, mode,
+/// owner, size, mtime, name, and each file's SHA-256), the two binaries aside: those are
+/// compared by place, mode, owner and mtime, and must name no build path (their bytes differ,
+/// docs/deploy.md "What the tests check" says why).
+/// The Containerfile without its tools (jq, binutils, cargo-auditable) fails here: the base,
+/// like the official image, has no cargo-auditable and no jq.
+#[test]
+fn containerfile_built_with_buildah_is_the_image_build_image_sh_builds() {
+    let skopeo = require_tool(
+        "skopeo",
+        "apt-get install skopeo (scripts/test.sh installs it)",
+    );
+    buildah_tool();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("containerfile-test");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let revision = git_head();
+
+    // scripts/build-image.sh on release content built on this machine, laid out where
+    // scripts/image-content.sh puts it by default (target/image-content): the Containerfile's
+    // `prebuilt` stage copies it from there, and buildah 1.28 builds that stage too (below).
+    let out = run(
+        Command::new(repo().join("scripts/image-content.sh")).args(["--profile", "release"]),
+        BUILD_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "image-content.sh --profile release: {}",
+        describe(&out)
+    );
+    let scripted = dir.join("build-image.tar");
+    let out = run(
+        Command::new(repo().join("scripts/build-image.sh"))
+            .arg("--content")
+            .arg(repo().join("target/image-content"))
+            .args(["--timestamp", COMPARE_TIMESTAMP])
+            .args(["--revision", &revision, "--out"])
+            .arg(&scripted),
+        BUILD_TIMEOUT,
+    );
+    assert!(out.status.success(), "build-image.sh: {}", describe(&out));
+
+    // The base: built once, cached by Debian release, Rust version and the script's digest.
+    let out = run(
+        &mut Command::new(repo().join("scripts/local-rust-base.sh")),
+        CONTAINERFILE_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "local-rust-base.sh: {}",
+        describe(&out)
+    );
+    let base_ref = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let key = base_ref
+        .rsplit('/')
+        .next()
+        .and_then(|name| name.strip_prefix("rust-base-"))
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_else(|| panic!("local-rust-base.sh printed {base_ref:?}"))
+        .to_owned();
+    let base = format!("{LOCAL_BASE}:{key}");
+    let storage = Storage::new();
+    let out = run(
+        Command::new(&skopeo)
+            .args(["copy", "--quiet", &base_ref])
+            .arg(format!("containers-storage:{}{base}", storage.spec())),
+        CONTAINERFILE_TIMEOUT,
+    );
+    assert!(out.status.success(), "load the base: {}", describe(&out));
+    // Like the official image, the base lacks what the scripts need beyond Rust: the
+    // Containerfile installs it (an older Containerfile that did not failed on this base).
+    let out = run(
+        storage
+            .buildah()
+            .args(["run", "--isolation", "chroot"])
+            .arg(
+                String::from_utf8_lossy(
+                    &run(
+                        storage
+                            .buildah()
+                            .args(["from", "--quiet", "--pull-never", &base]),
+                        COMMAND_TIMEOUT,
+                    )
+                    .stdout,
+                )
+                .trim(),
+            )
+            .args(["--", "sh", "-c"])
+            .arg("cargo --version && ! command -v jq && ! cargo auditable --version"),
+        COMMAND_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "the base has cargo, and neither jq nor cargo-auditable: {}",
+        describe(&out)
+    );
+
+    // The documented build: the repository root as context, the Containerfile's own steps.
+    // - TMPDIR: where buildah keeps the cache mounts (crates.io downloads, compiled crates).
+    // - --ignorefile: Docker reads deploy/Containerfile.dockerignore by itself; buildah 1.28
+    //   needs it named.
+    // - --skip-unused-stages=false: buildah 1.28 resolves `FROM ${CONTENT}` after deciding
+    //   which stages to build, and would skip the build stage; so it builds every stage,
+    //   `prebuilt` too, which copies target/image-content (laid out above); and --layers, or
+    //   it finds no image for the stage `FROM ${CONTENT}` names ("build: image not known").
+    // - -v the CA bundle: crates.io is reached through this machine's TLS proxy, whose CA is
+    //   in this machine's bundle only; it is also what image-content.sh ships, as on the host.
+    let tmp = image_cache().join("buildah-tmp");
+    std::fs::create_dir_all(&tmp).expect("mkdir cache");
+    let version = env!("CARGO_PKG_VERSION");
+    let out = run(
+        storage
+            .buildah()
+            .env("TMPDIR", &tmp)
+            .args(["build", "--isolation", "chroot", "--pull-never", "--layers"])
+            .args([
+                "--skip-unused-stages=false",
+                "--timestamp",
+                COMPARE_TIMESTAMP,
+            ])
+            .args(["--ignorefile", "deploy/Containerfile.dockerignore"])
+            .args([
+                "-v",
+                "/etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro",
+            ])
+            .args(["-f", "deploy/Containerfile", "-t", CONTAINERFILE_TAG])
+            .args(["--build-arg", &format!("RUST_IMAGE={base}")])
+            .args(["--build-arg", &format!("VERSION={version}")])
+            .args(["--build-arg", &format!("REVISION={revision}")])
+            .arg(".")
+            .current_dir(repo()),
+        CONTAINERFILE_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "buildah build -f deploy/Containerfile: {}",
+        describe(&out)
+    );
+    let built = dir.join("containerfile.tar");
+    let out = run(
+        storage
+            .buildah()
+            .args(["push", "--quiet", CONTAINERFILE_TAG])
+            .arg(format!("oci-archive:{}", built.display())),
+        COMMAND_TIMEOUT,
+    );
+    assert!(out.status.success(), "buildah push: {}", describe(&out));
+
+    // The config: everything but the history (one entry per Containerfile step there, one
+    // `buildah commit` in the script's), buildah's own version label and the layer digest.
+    let config = |archive: &Path| -> Value {
+        let out = run(
+            Command::new(&skopeo)
+                .args(["inspect", "--config"])
+                .arg(format!("oci-archive:{}", archive.display())),
+            COMMAND_TIMEOUT,
+        );
+        assert!(out.status.success(), "skopeo inspect: {}", describe(&out));
+        let mut c: Value = serde_json::from_slice(&out.stdout).expect("config JSON");
+        let o = c.as_object_mut().expect("object");
+        o.remove("history");
+        // The layer's digest: its binaries' bytes differ (below).
+        o.remove("rootfs");
+        if let Some(labels) = c["config"]["Labels"].as_object_mut() {
+            labels.remove("io.buildah.version");
+        }
+        c
+    };
+    let (want, got) = (config(&scripted), config(&built));
+    assert_eq!(
+        got, want,
+        "deploy/Containerfile's config (left) against build-image.sh's (right)"
+    );
+
+    let (_, scripted_layer) = layer_entries(&scripted);
+    let (_, built_layer) = layer_entries(&built);
+    // The binaries: where they sit, mode, owner and mtime, not their bytes. Both builds map
+    // their paths to the same names (no checkout, target or CARGO_HOME path is left, checked
+    // below), but cargo gives the workspace's own crates another `-C metadata` in each (see
+    // docs/deploy.md, "What the tests check"), so symbol hashes and layout differ.
+    let comparable = |name: &str, entry: &str| -> String {
+        if BINARIES.contains(&name) {
+            let f: Vec<&str> = entry.split_whitespace().collect();
+            format!("{} {} {} {} {}", f[0], f[1], f[3], f[4], f[5])
+        } else {
+            entry.to_owned()
+        }
+    };
+    let differing: Vec<String> = scripted_layer
+        .keys()
+        .chain(built_layer.keys())
+        .filter(|name| {
+            scripted_layer.get(*name).map(|e| comparable(name, e))
+                != built_layer.get(*name).map(|e| comparable(name, e))
+        })
+        .map(|name| {
+            format!(
+                "{name}:\n  Containerfile:   {}\n  build-image.sh:  {}",
+                built_layer.get(name).map_or("(none)", String::as_str),
+                scripted_layer.get(name).map_or("(none)", String::as_str)
+            )
+        })
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "the two layers differ:\n{}",
+        differing.join("\n")
+    );
+    let home = std::env::var("HOME").expect("HOME");
+    let root = repo().display().to_string();
+    let build_paths = [
+        root.as_str(),
+        "/src/broker/src/",
+        "/src/shim/src/",
+        "/usr/local/cargo",
+        &format!("{home}/.cargo"),
+    ];
+    for (archive, what) in [(&scripted, "build-image.sh"), (&built, "Containerfile")] {
+        let tmp = tempdir();
+        let out = run(
+            Command::new("tar")
+                .arg("-xf")
+                .arg(archive)
+                .arg("-C")
+                .arg(tmp.path()),
+            COMMAND_TIMEOUT,
+        );
+        assert!(out.status.success(), "unpack: {}", describe(&out));
+        let (manifest, _) = layer_entries(archive);
+        let blob = tmp.path().join(format!(
+            "blobs/{}",
+            manifest["layers"][0]["digest"]
+                .as_str()
+                .expect("digest")
+                .replacen(':', "/", 1)
+        ));
+        let rootfs = tmp.path().join("rootfs");
+        std::fs::create_dir(&rootfs).expect("mkdir");
+        let out = run(
+            Command::new("tar")
+                .arg("-xf")
+                .arg(&blob)
+                .arg("-C")
+                .arg(&rootfs),
+            COMMAND_TIMEOUT,
+        );
+        assert!(out.status.success(), "unpack the layer: {}", describe(&out));
+        for bin in BINARIES {
+            let bytes = std::fs::read(rootfs.join(bin)).expect("read binary");
+            for path in build_paths {
+                assert!(
+                    !bytes.windows(path.len()).any(|w| w == path.as_bytes()),
+                    "{what}'s {bin} names the build path {path}"
+                );
+            }
+        }
+    }
+}
+
+/// The image's binaries (compared by place, not by bytes: see the Containerfile test).
+const BINARIES: [&str; 2] = ["bin/credbroker", "plugins/bin/credbroker-shim"];
