@@ -376,6 +376,11 @@ impl Attacker {
     }
 }
 
+/// A set duration in the report's prose: `200 ms`.
+fn whole_ms(d: Duration) -> String {
+    format!("{} ms", d.as_millis())
+}
+
 fn report(phases: &[Phase], target: &ReaskTarget) -> String {
     let mut out = String::new();
     let unloaded = &phases[0];
@@ -385,10 +390,10 @@ fn report(phases: &[Phase], target: &ReaskTarget) -> String {
     let _ = writeln!(
         out,
         "### The re-ask check's attackers\n\nA legitimate re-ask (uid 0, a caller id of its own, on a fresh connection as a shim run makes it) about a token just revoked: per try a new cluster of `reask` (an exec provider whose plugin prints a new token every run), the victim asks once, the bench revokes that token at the cluster's API server (a loopback fake that answers the broker's check, a SelfSubjectReview, after {}: 401 for the revoked token), and {} later the victim asks again as the same caller. Recovery: from that re-ask to the answer with a new token (a re-ask answered with the revoked token is asked again {} later). Each attacker runs under uid {ALLOWED_ATTACKER}, an allowed uid, at {REASK_RATE:.0} calls a second (inside production's 200/s); the victim's tries start {} after the attacker is ready.\n\n| victim's re-ask beside | tries | recovered | median | max | revoked token back | its server's checks: 401 / 201 | RSS before | RSS attack ready | RSS max | RSS after |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ms(VICTIM_CHECK_LATENCY),
-        ms(DWELL),
-        ms(RETRY_AFTER),
-        ms(WARM_IN),
+        whole_ms(VICTIM_CHECK_LATENCY),
+        whole_ms(DWELL),
+        whole_ms(RETRY_AFTER),
+        whole_ms(WARM_IN),
     );
     for p in phases {
         let _ = writeln!(
@@ -423,7 +428,7 @@ fn report(phases: &[Phase], target: &ReaskTarget) -> String {
                 "check-slot: {} entries of `eks-static` served once, then re-asks about them in turn whose server never answers, {} KB of CA data each, each cancelled after {}",
                 target.entries,
                 CHECK_SLOT_CA_BYTES / 1000,
-                ms(CANCEL_AFTER)
+                whole_ms(CANCEL_AFTER)
             ),
             _ => "caller-flood: a new made-up caller id every call, asking about the entry the victim uses".to_owned(),
         };
@@ -446,7 +451,7 @@ fn report(phases: &[Phase], target: &ReaskTarget) -> String {
         first_error
             .map(|e| format!(", first: {e}"))
             .unwrap_or_default(),
-        ms(VICTIM_CHECK_LATENCY),
+        whole_ms(VICTIM_CHECK_LATENCY),
         ms(bound),
         verdict(within),
         attacked
