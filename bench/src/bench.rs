@@ -136,9 +136,10 @@ impl<'a> Bench<'a> {
     }
 
     /// A broker for the hostile section: production's rate limit and socket rules (mode
-    /// 0666, `allowedUids` 0 and `allowed`), `eks-static`, and `shared`, an exec provider
+    /// 0666, `allowedUids` 0 and `allowed`), `eks-static`, `shared`, an exec provider
     /// whose plugin answers at once, except for clusters named `hang-*`: those hang until its
-    /// 5 s timeout.
+    /// 5 s timeout, and `reask`, an exec provider whose plugin answers at once with a new
+    /// token every run (so a refresh after a rejection is seen to replace the token).
     pub fn start_hostile_broker(&self, allowed: u32) -> Broker {
         let plugin = self.w().join("hang-plugin.sh");
         std::fs::write(
@@ -146,9 +147,16 @@ impl<'a> Bench<'a> {
             "#!/bin/sh\ncase \"${KUBERNETES_EXEC_INFO:-}\" in *hang-*) exec sleep 60;; esac\nprintf '%s\\n' '{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{\"token\":\"bench-shared-token\"}}'\n",
         )
         .expect("hang plugin");
+        let fresh = self.w().join("fresh-plugin.sh");
+        std::fs::write(
+            &fresh,
+            "#!/bin/sh\nprintf '{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{\"token\":\"bench-reask-%s-%s\"}}\\n' \"$(date +%s%N)\" \"$$\"\n",
+        )
+        .expect("fresh-token plugin");
         let providers = format!(
-            "  - {{name: shared, type: exec, exec: {{command: /bin/sh, args: [{:?}], timeout: 5s, defaultLifetime: 1h}}}}\n  - {{name: eks-static, type: aws, aws: {{region: {REGION}}}}}\n",
-            plugin.display().to_string()
+            "  - {{name: shared, type: exec, exec: {{command: /bin/sh, args: [{:?}], timeout: 5s, defaultLifetime: 1h}}}}\n  - {{name: reask, type: exec, exec: {{command: /bin/sh, args: [{:?}], timeout: 5s, defaultLifetime: 1h}}}}\n  - {{name: eks-static, type: aws, aws: {{region: {REGION}}}}}\n",
+            plugin.display().to_string(),
+            fresh.display().to_string()
         );
         Broker::start_with(
             &self.broker_bin,

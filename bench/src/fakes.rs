@@ -10,11 +10,13 @@
 //! The scenarios see only [`Clouds`]: the three fakes, their call counts and the broker
 //! environment that points at them. The anchors section also uses [`hub`] (the API server
 //! cluster-inventory-api's secretreader reads its Secrets from) and [`workers`] (the worker
-//! clusters' API server the client-go fleet reaches).
+//! clusters' API server the client-go fleet reaches); the hostile section's re-ask part uses
+//! [`ReviewServer`] (the victim's API server, answering the broker's re-ask checks).
 
+use std::collections::HashSet;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -318,4 +320,83 @@ pub fn workers() -> Tallied {
             &serde_json::json!({"kind": "Status", "code": 401}),
         )),
     })
+}
+
+/// The victim's API server in the hostile section's re-ask part: the broker's re-ask check (a
+/// SelfSubjectReview, `POST /apis/authentication.k8s.io/v1/selfsubjectreviews`) is answered
+/// after a set latency, 401 for a token the bench revoked, 201 for any other; counted.
+#[derive(Debug)]
+pub struct ReviewServer {
+    server: FakeHttps,
+    revoked: Arc<Mutex<HashSet<String>>>,
+    rejected: Arc<AtomicU64>,
+    accepted: Arc<AtomicU64>,
+}
+
+impl ReviewServer {
+    pub fn start(latency: Duration) -> ReviewServer {
+        let revoked: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let (rejected, accepted) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (r, rej, acc) = (
+            Arc::clone(&revoked),
+            Arc::clone(&rejected),
+            Arc::clone(&accepted),
+        );
+        let server = FakeHttps::spawn(move |req: &Seen| {
+            let bearer = req.bearer().unwrap_or_default();
+            let known = !bearer.is_empty() && !r.lock().expect("revoked").contains(bearer);
+            let reply = if !known {
+                rej.fetch_add(1, Ordering::SeqCst);
+                Reply::json(
+                    401,
+                    &serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                        "message": "Unauthorized", "reason": "Unauthorized", "code": 401}),
+                )
+            } else if req.method == "POST"
+                && req.path == "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+            {
+                acc.fetch_add(1, Ordering::SeqCst);
+                Reply::json(
+                    201,
+                    &serde_json::json!({"kind": "SelfSubjectReview", "apiVersion": "authentication.k8s.io/v1",
+                                        "status": {"userInfo": {"username": "bench-victim"}}}),
+                )
+            } else {
+                Reply::json(404, &serde_json::json!({"kind": "Status", "code": 404}))
+            };
+            reply.after(latency)
+        });
+        ReviewServer {
+            server,
+            revoked,
+            rejected,
+            accepted,
+        }
+    }
+
+    /// From now on `token` is answered 401.
+    pub fn revoke(&self, token: &str) {
+        self.revoked
+            .lock()
+            .expect("revoked")
+            .insert(token.to_owned());
+    }
+
+    /// Requests answered 401 so far (re-ask checks that found a revoked token).
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::SeqCst)
+    }
+
+    /// Re-ask checks answered 201 so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    pub fn url(&self) -> &str {
+        self.server.url()
+    }
+
+    pub fn ca_pem(&self) -> &str {
+        self.server.ca_pem()
+    }
 }

@@ -50,13 +50,15 @@ fn main() {
     let mut only = Vec::new();
     // The hostile section's attackers: this binary again, under another uid.
     let argv: Vec<String> = std::env::args().collect();
-    if let [_, flag, kind, socket, secs] = argv.as_slice()
+    if let [_, flag, kind, socket, secs, target @ ..] = argv.as_slice()
         && flag == "--attack"
+        && target.len() <= 1
     {
         attack::main(
             kind,
             std::path::Path::new(socket),
             secs.parse().unwrap_or(5),
+            target.first().map(std::path::Path::new),
         );
         return;
     }

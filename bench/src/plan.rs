@@ -43,6 +43,12 @@ pub struct Plan {
     pub hostile_unloaded: Duration,
     pub hostile_streams: Duration,
     pub hostile: Duration,
+    /// The hostile section's re-ask part: the victim's tries per phase (unloaded, beside
+    /// each re-ask attacker), the check-slot attacker's entries, and the most an attacker
+    /// runs (it stops when the victim's tries are done).
+    pub reask_tries: usize,
+    pub reask_entries: u32,
+    pub reask_attack_cap: Duration,
 }
 
 impl Plan {
@@ -71,6 +77,11 @@ impl Plan {
             hostile_unloaded: Duration::from_secs(30),
             hostile_streams: Duration::from_secs(300),
             hostile: Duration::from_secs(60),
+            // 30 tries give a median and a max worth reading (about 30 s a phase); 1 300
+            // entries is the red team's attack (tests/tests/hostile_reasks.rs).
+            reask_tries: 30,
+            reask_entries: 1300,
+            reask_attack_cap: Duration::from_secs(300),
         }
     }
 
@@ -98,6 +109,9 @@ impl Plan {
             hostile_unloaded: Duration::from_secs(3),
             hostile_streams: Duration::from_secs(3),
             hostile: Duration::from_secs(4),
+            reask_tries: 3,
+            reask_entries: 100,
+            reask_attack_cap: Duration::from_secs(60),
         }
     }
 

@@ -6,6 +6,12 @@
 //! plugin hangs (`hang`). Reports legitimate errors (goal 0), their hit latency against the
 //! unloaded phase of the same run (goal p99 ≤ 2×), and the new-cluster misses that share a
 //! provider with the hanging ones.
+//!
+//! Then, on a broker of its own, the re-ask check's attackers ([`reask`]): a legitimate re-ask
+//! about a revoked token, alone and beside an allowed uid holding the check slots
+//! (`check-slot`) or flooding the victim's entry with made-up callers (`caller-flood`).
+
+mod reask;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -98,6 +104,7 @@ pub fn run(bench: &mut Bench<'_>) {
     }
     drop(broker);
     report(bench, [&unloaded, &streams, &hostile], rss_before, &attacks);
+    reask::run(bench, &attacker_bin);
 }
 
 /// The attackers of `kinds`, each for `secs` under its uid.
