@@ -302,3 +302,16 @@ pub fn grpcurl_binary() -> PathBuf {
     assert!(out.status.success(), "{}", describe(&out));
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
+
+/// Resident memory of `pid` in KiB (`VmRSS` of /proc/PID/status); panics when it cannot be
+/// read, so a memory bound is never checked against a process that is gone.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+}

@@ -21,7 +21,7 @@ use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Caller, GetTokenRequest};
 use credbroker_tests::{
     Broker, ExecPlugin, FakeApiServer, TokenFiles, describe, exec_provider, file_provider,
-    grpcurl_binary, json_struct, require_tool, run, tempdir, unix_channel, world_runnable,
+    grpcurl_binary, json_struct, require_tool, rss_kib, run, tempdir, unix_channel, world_runnable,
 };
 use serde_json::{Value, json};
 
@@ -40,15 +40,6 @@ const CA_BYTES: usize = 46_000;
 /// The broker's growth allowed under the flood: 7 MiB measured here (debug build); the old
 /// code grew by 36 MiB here and by 115 MiB on a release build.
 const RSS_GROWTH_MAX_MIB: u64 = 20;
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
 
 fn caller(pid: u32) -> Caller {
     Caller {

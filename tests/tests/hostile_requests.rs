@@ -13,7 +13,7 @@ use credbroker_proto::v1::token_service_client::TokenServiceClient;
 use credbroker_proto::v1::{Cluster, GetTokenRequest};
 use credbroker_tests::{
     Broker, ExecPlugin, PluginOptions, TokenFiles, V1, assert_credential, assert_shim_error,
-    describe, exec_info, exec_provider, file_provider, grpcurl, run_shim, scrape_metrics,
+    describe, exec_info, exec_provider, file_provider, grpcurl, rss_kib, run_shim, scrape_metrics,
     unix_channel,
 };
 use prost_types::value::Kind;
@@ -63,17 +63,6 @@ fn nested(levels: usize) -> prost_types::Value {
         };
     }
     v
-}
-
-/// Resident memory of `pid` in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
