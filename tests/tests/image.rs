@@ -639,9 +639,7 @@ fn containerfile_built_with_buildah_is_the_image_build_image_sh_builds() {
     std::fs::create_dir_all(&dir).expect("mkdir");
     let revision = git_head();
 
-    // scripts/build-image.sh on release content built on this machine, laid out where
-    // scripts/image-content.sh puts it by default (target/image-content): the Containerfile's
-    // `prebuilt` stage copies it from there, and buildah 1.28 builds that stage too (below).
+    // scripts/build-image.sh on release content built on this machine.
     let out = run(
         Command::new(repo().join("scripts/image-content.sh")).args(["--profile", "release"]),
         BUILD_TIMEOUT,
@@ -722,10 +720,6 @@ fn containerfile_built_with_buildah_is_the_image_build_image_sh_builds() {
     // - TMPDIR: where buildah keeps the cache mounts (crates.io downloads, compiled crates).
     // - --ignorefile: Docker reads deploy/Containerfile.dockerignore by itself; buildah 1.28
     //   needs it named.
-    // - --skip-unused-stages=false: buildah 1.28 resolves `FROM ${CONTENT}` after deciding
-    //   which stages to build, and would skip the build stage; so it builds every stage,
-    //   `prebuilt` too, which copies target/image-content (laid out above); and --layers, or
-    //   it finds no image for the stage `FROM ${CONTENT}` names ("build: image not known").
     // - -v the CA bundle: crates.io is reached through this machine's TLS proxy, whose CA is
     //   in this machine's bundle only; it is also what image-content.sh ships, as on the host.
     let tmp = image_cache().join("buildah-tmp");
@@ -735,12 +729,8 @@ fn containerfile_built_with_buildah_is_the_image_build_image_sh_builds() {
         storage
             .buildah()
             .env("TMPDIR", &tmp)
-            .args(["build", "--isolation", "chroot", "--pull-never", "--layers"])
-            .args([
-                "--skip-unused-stages=false",
-                "--timestamp",
-                COMPARE_TIMESTAMP,
-            ])
+            .args(["build", "--isolation", "chroot", "--pull-never"])
+            .args(["--timestamp", COMPARE_TIMESTAMP])
             .args(["--ignorefile", "deploy/Containerfile.dockerignore"])
             .args([
                 "-v",
