@@ -6,7 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-say() { printf '\n== %s\n' "$*"; }
+# Each section starts with the time since the run began, so a CI log shows where the time goes
+# (the budget: 60 minutes on a fresh 2-core machine, 30 warm).
+say() { printf '\n== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 die() { printf 'scripts/test.sh: %s\n' "$*" >&2; exit 1; }
 have() { command -v "$1" >/dev/null 2>&1; }
 
@@ -111,3 +113,4 @@ unformatted=$(cd e2e && gofmt -l .)
 [ -z "$unformatted" ] || die "gofmt: these e2e files need formatting: $unformatted"
 (cd e2e && GOTOOLCHAIN=local go vet ./... && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e)|_test\.go:[0-9]+: ' | cut -c1-600; exit "${PIPESTATUS[0]}")
 
+say "done"
