@@ -15,6 +15,7 @@ type Peers struct {
 	KubeAPIServer, Etcd      string
 	Secretreader             string
 	ClusterProfileCRDDir     string
+	Crane                    string               // go-containerregistry's crane: the node's registry (StartRegistry)
 	Kueue                    map[string]KueuePeer // by version, "v0.19.2"
 }
 
@@ -55,7 +56,7 @@ func LoadPeers() (*Peers, error) {
 	p := &Peers{
 		KubeVersion: kv["KUBE_VERSION"], EtcdVersion: kv["ETCD_VERSION"],
 		KubeAPIServer: kv["KUBE_APISERVER"], Etcd: kv["ETCD"], Secretreader: kv["SECRETREADER"],
-		ClusterProfileCRDDir: kv["CLUSTERPROFILE_CRD_DIR"], Kueue: map[string]KueuePeer{},
+		ClusterProfileCRDDir: kv["CLUSTERPROFILE_CRD_DIR"], Crane: kv["CRANE"], Kueue: map[string]KueuePeer{},
 	}
 	for k, v := range kv {
 		if strings.HasPrefix(k, "KUEUE_") && !strings.HasSuffix(k, "_DIR") {
