@@ -25,6 +25,16 @@ var (
 const kueueMain = "v0.19.2"
 
 func TestMain(m *testing.M) {
+	// The whole suite runs in a network namespace of its own (harness.RunInSuiteNetwork):
+	// this process starts that child and passes its exit code on.
+	code, inChild, err := harness.RunInSuiteNetwork()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e setup:", err)
+		os.Exit(1)
+	}
+	if !inChild {
+		os.Exit(code)
+	}
 	os.Exit(run(m))
 }
 

@@ -6,11 +6,14 @@
 # peer cannot be built. Nothing here is committed: the wrapper modules live in the cache too.
 set -euo pipefail
 
-KUBE_VERSION=v1.36.3       # k8s.io/kubernetes: kube-apiserver
+KUBE_VERSION=v1.36.3       # k8s.io/kubernetes: kube-apiserver, and the node's kubelet, kube-proxy,
+                           # kube-controller-manager and kube-scheduler
 STAGING_VERSION=v0.36.3    # the published k8s.io/X modules of that release
 ETCD_VERSION=v3.6.14       # go.etcd.io/etcd/server/v3
 KUEUE_VERSIONS="v0.19.2 v0.17.0"   # accessProviders / credentialsProviders
 CIA_VERSION=v0.1.3         # sigs.k8s.io/cluster-inventory-api: ClusterProfile CRD, secretreader
+CONTAINERD_VERSION=v2.4.2  # the node's container runtime (image volumes need >= 2.1)
+GGCR_VERSION=v0.22.1       # go-containerregistry's crane: the node's registry on loopback
 
 cache=${CREDBROKER_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/credbroker-e2e}
 export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
@@ -30,7 +33,12 @@ moddir() { # module@version -> its directory in the module cache
 # pseudo-versions are real versions and stay).
 kas=$cache/kube-apiserver-$KUBE_VERSION
 etcd=$cache/etcd-$ETCD_VERSION
-if [ ! -x "$kas/kube-apiserver" ] || [ ! -x "$etcd/etcd" ]; then
+# The node (e2e/README.md "The node"): the same module's kubelet, kube-proxy, kube-controller-manager
+# and kube-scheduler, into one directory.
+node=$cache/kube-node-$KUBE_VERSION
+node_bins="kubelet kube-proxy kube-controller-manager kube-scheduler"
+node_missing() { for b in $node_bins; do [ -x "$node/$b" ] || return 0; done; return 1; }
+if [ ! -x "$kas/kube-apiserver" ] || [ ! -x "$etcd/etcd" ] || node_missing; then
     w=$cache/wrap-kube-$KUBE_VERSION-etcd-$ETCD_VERSION
     mkdir -p "$w" "$kas" "$etcd"
     (
@@ -42,6 +50,8 @@ if [ ! -x "$kas/kube-apiserver" ] || [ ! -x "$etcd/etcd" ]; then
         [ -n "$staging" ] || die "k8s.io/kubernetes@$KUBE_VERSION: no k8s.io/X v0.0.0 requirements found"
         for m in $staging; do go mod edit -replace="$m=$m@$STAGING_VERSION"; done
         go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$KUBE_VERSION" "go.etcd.io/etcd/server/v3@$ETCD_VERSION" \
+            "k8s.io/kubernetes/cmd/kubelet@$KUBE_VERSION" "k8s.io/kubernetes/cmd/kube-proxy@$KUBE_VERSION" \
+            "k8s.io/kubernetes/cmd/kube-controller-manager@$KUBE_VERSION" "k8s.io/kubernetes/cmd/kube-scheduler@$KUBE_VERSION" \
             || die "cannot resolve kube-apiserver $KUBE_VERSION and etcd $ETCD_VERSION"
         # Kueue parses the server's /version: without these it reads v0.0.0-master+$Format:%H$ and exits.
         v=k8s.io/component-base/version
@@ -51,6 +61,13 @@ if [ ! -x "$kas/kube-apiserver" ] || [ ! -x "$etcd/etcd" ]; then
                 -o "$kas/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver || die "kube-apiserver $KUBE_VERSION did not build"
             mv "$kas/kube-apiserver.tmp" "$kas/kube-apiserver"
         fi
+        mkdir -p "$node"
+        for b in $node_bins; do
+            [ -x "$node/$b" ] && continue
+            build -ldflags "-s -w -X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor" \
+                -o "$node/$b.tmp" "k8s.io/kubernetes/cmd/$b" || die "$b $KUBE_VERSION did not build"
+            mv "$node/$b.tmp" "$node/$b"
+        done
         if [ ! -x "$etcd/etcd" ]; then
             build -ldflags "-s -w" -o "$etcd/etcd.tmp" go.etcd.io/etcd/server/v3 || die "etcd $ETCD_VERSION did not build"
             mv "$etcd/etcd.tmp" "$etcd/etcd"
@@ -80,6 +97,25 @@ if [ ! -x "$cia/secretreader" ]; then
         || die "secretreader $CIA_VERSION did not build"
 fi
 
+# The node's container runtime: containerd, its runc shim and ctr (image import), one wrapper
+# module; runc itself and the CNI plugins are Debian's (scripts/test.sh installs them).
+ctrd=$cache/containerd-$CONTAINERD_VERSION
+for b in containerd containerd-shim-runc-v2 ctr; do
+    [ -x "$ctrd/$b" ] && continue
+    wrap_build "$cache" containerd github.com/containerd/containerd/v2 "$CONTAINERD_VERSION" \
+        "github.com/containerd/containerd/v2/cmd/$b" "$ctrd/$b" \
+        -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+        || die "$b $CONTAINERD_VERSION did not build"
+done
+# crane: `crane registry serve` is the registry the node pulls from (Kueue's Deployment says
+# imagePullPolicy: Always, so the kubelet pulls even an image containerd holds).
+ggcr=$cache/crane-$GGCR_VERSION
+if [ ! -x "$ggcr/crane" ]; then
+    wrap_build "$cache" crane github.com/google/go-containerregistry "$GGCR_VERSION" \
+        github.com/google/go-containerregistry/cmd/crane "$ggcr/crane" -ldflags "-s -w" \
+        || die "crane $GGCR_VERSION did not build"
+fi
+
 # Manifests from the same module versions: Kueue's CRDs and webhooks, the ClusterProfile CRD.
 ciadir=$(moddir "sigs.k8s.io/cluster-inventory-api@$CIA_VERSION")
 [ -f "$ciadir/config/crd/bases/multicluster.x-k8s.io_clusterprofiles.yaml" ] || die "no ClusterProfile CRD in cluster-inventory-api $CIA_VERSION"
@@ -89,6 +125,12 @@ ciadir=$(moddir "sigs.k8s.io/cluster-inventory-api@$CIA_VERSION")
     echo "KUBE_APISERVER=$kas/kube-apiserver"
     echo "ETCD=$etcd/etcd"
     echo "SECRETREADER=$cia/secretreader"
+    for b in $node_bins; do echo "$(echo "$b" | tr a-z- A-Z_)=$node/$b"; done
+    echo "CONTAINERD_VERSION=$CONTAINERD_VERSION"
+    echo "CONTAINERD=$ctrd/containerd"
+    echo "CONTAINERD_SHIM=$ctrd/containerd-shim-runc-v2"
+    echo "CTR=$ctrd/ctr"
+    echo "CRANE=$ggcr/crane"
     echo "CLUSTERPROFILE_CRD_DIR=$ciadir/config/crd/bases"
     for kv in $KUEUE_VERSIONS; do
         kd=$(moddir "sigs.k8s.io/kueue@$kv")
@@ -106,7 +148,8 @@ ciadir=$(moddir "sigs.k8s.io/cluster-inventory-api@$CIA_VERSION")
     done
 } > "$cache/peers.env.tmp"
 mv "$cache/peers.env.tmp" "$cache/peers.env"
-for f in "$kas/kube-apiserver" "$etcd/etcd" "$cia/secretreader" $(for kv in $KUEUE_VERSIONS; do echo "$cache/kueue-$kv/kueue"; done); do
+for f in "$kas/kube-apiserver" "$etcd/etcd" "$cia/secretreader" $(for b in $node_bins; do echo "$node/$b"; done) \
+    "$ctrd/containerd" "$ctrd/containerd-shim-runc-v2" "$ctrd/ctr" "$ggcr/crane" $(for kv in $KUEUE_VERSIONS; do echo "$cache/kueue-$kv/kueue"; done); do
     [ -x "$f" ] || die "$f is missing after the build"
 done
 printf 'e2e peers in %s:\n' "$cache"; sed 's/^/  /' "$cache/peers.env"

@@ -70,6 +70,17 @@ have buildah || apt_install buildah
 have buildah || die "buildah is missing and could not be installed"
 have skopeo || apt_install skopeo
 have skopeo || die "skopeo is missing and could not be installed"
+# The e2e suite's node (e2e/README.md "The node"): Debian's runc and CNI plugins (bridge,
+# host-local, portmap, loopback), iptables for kube-proxy, iproute2 for the suite's network
+# namespace; the kubelet, containerd and the rest come from e2e/peers.sh.
+have runc || apt_install runc
+have runc || die "runc is missing and could not be installed"
+[ -x /usr/lib/cni/bridge ] || apt_install containernetworking-plugins
+[ -x /usr/lib/cni/bridge ] || die "the CNI plugins (containernetworking-plugins) are missing and could not be installed"
+have iptables || apt_install iptables
+have iptables || die "iptables is missing and could not be installed"
+have ip || apt_install iproute2
+have ip || die "ip (iproute2) is missing and could not be installed"
 # qemu-user runs the arm64 binaries' tests on this machine (tests/src/arch.rs).
 have qemu-aarch64-static || apt_install qemu-user-static
 have qemu-aarch64-static || die "qemu-aarch64-static (qemu-user-static) is missing and could not be installed"

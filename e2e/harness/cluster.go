@@ -18,10 +18,12 @@ import (
 
 func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
 
-// Cluster is one real control plane on loopback: etcd and kube-apiserver (envtest starts
-// them from the peers' binaries), its own CA and serving certificate, Kueue's CRDs (and the
+// Cluster is one real control plane: etcd and kube-apiserver (envtest starts them from the
+// peers' binaries), the API server on NodeIP (the node's pods reach it; its certificate also
+// names localhost and 127.0.0.1), its own CA and serving certificate, Kueue's CRDs (and the
 // ClusterProfile CRD on a hub), and Kueue's webhooks pointed at a loopback port where the
-// cluster's Kueue will listen.
+// cluster's Kueue will listen. A node hub (ClusterOptions.Node) instead gets Kueue's CRDs and
+// webhooks from Kueue's own manifests, applied by the scenario, and is set up for a kubelet.
 type Cluster struct {
 	Name       string
 	Env        *envtest.Environment
@@ -41,7 +43,14 @@ type ClusterOptions struct {
 	Peers *Peers
 	Kueue KueuePeer // whose CRDs and webhooks to install (and whose ClusterProfile CRD on a hub)
 	Hub   bool      // also the ClusterProfile CRD
-	Dir   string    // scratch directory (kubeconfigs, webhook config)
+	// Node: the hub a node joins (StartNode). Kueue runs in a pod there, installed from its
+	// release manifests, so no CRD or webhook of Kueue's is installed here; the API server
+	// runs the admission and authorization a cluster has (ServiceAccount admission, which
+	// envtest turns off; the Node authorizer for the kubelet) and reaches webhooks and
+	// aggregated APIs at their Service's endpoints (--enable-aggregator-routing), as no
+	// kube-proxy runs beside it.
+	Node bool
+	Dir  string // scratch directory (kubeconfigs, webhook config)
 }
 
 // StartCluster starts a control plane and waits until it serves.
@@ -57,20 +66,36 @@ func StartCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 	if o.Hub {
 		crds = append(crds, o.Kueue.ClusterProfileCRDDir)
 	}
+	webhooks := envtest.WebhookInstallOptions{
+		Paths:                    []string{filepath.Join(o.Kueue.Dir, "config/components/webhook/manifests.yaml")},
+		LocalServingHost:         "127.0.0.1",
+		LocalServingPort:         whPort,
+		IgnoreErrorIfPathMissing: false,
+	}
+	if o.Node {
+		crds = []string{o.Kueue.ClusterProfileCRDDir}
+		webhooks = envtest.WebhookInstallOptions{}
+	}
 	env := &envtest.Environment{
 		CRDDirectoryPaths:        crds,
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStartTimeout: 3 * time.Minute, // 2 cores, several control planes
 		ControlPlaneStopTimeout:  time.Minute,
-		WebhookInstallOptions: envtest.WebhookInstallOptions{
-			Paths:                    []string{filepath.Join(o.Kueue.Dir, "config/components/webhook/manifests.yaml")},
-			LocalServingHost:         "127.0.0.1",
-			LocalServingPort:         whPort,
-			IgnoreErrorIfPathMissing: false,
-		},
+		WebhookInstallOptions:    webhooks,
 	}
 	env.ControlPlane.Etcd = &envtest.Etcd{Path: o.Peers.Etcd}
 	api := &envtest.APIServer{Path: o.Peers.KubeAPIServer}
+	api.SecureServing.Address = NodeIP
+	// The address of the `kubernetes` Service's endpoint; the suite's network has no default
+	// route, from which kube-apiserver would otherwise pick one.
+	api.Configure().Set("advertise-address", NodeIP)
+	if o.Node {
+		api.Configure().
+			Set("authorization-mode", "Node,RBAC").
+			Set("enable-admission-plugins", "NodeRestriction").
+			Disable("disable-admission-plugins").
+			Set("enable-aggregator-routing", "true")
+	}
 	env.ControlPlane.APIServer = api
 	cfg, err := env.Start()
 	if err != nil {
@@ -80,9 +105,11 @@ func StartCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 	c.Server = api.SecureServing.URL("https", "").String()
 	c.CAData = api.SecureServing.CA
 	// The webhook certificates are read by Kueue running as 65532.
-	if err := chmodTree(c.WebhookCertDir); err != nil {
-		_ = c.Stop()
-		return nil, err
+	if !o.Node {
+		if err := chmodTree(c.WebhookCertDir); err != nil {
+			_ = c.Stop()
+			return nil, err
+		}
 	}
 	user, err := env.AddUser(envtest.User{Name: "e2e-admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {

@@ -42,28 +42,8 @@ images:
 // module's own config/default (k.Dir), the source of that manifest, offline. overlay is
 // ShippedOverlay or CredentialsProvidersOverlay.
 func RenderDeploy(k KueuePeer, scratch, overlay string) ([]byte, error) {
-	tree, err := os.MkdirTemp(scratch, "deploy-")
+	tree, err := copyDeploy(k, scratch)
 	if err != nil {
-		return nil, err
-	}
-	if err := os.CopyFS(tree, os.DirFS(filepath.Join(RepoRoot(), "deploy"))); err != nil {
-		return nil, fmt.Errorf("copy deploy/: %w", err)
-	}
-	install := filepath.Join(tree, "kueue", "kueue-install")
-	absInstall, err := filepath.EvalSymlinks(install)
-	if err != nil {
-		return nil, err
-	}
-	absDefault, err := filepath.EvalSymlinks(filepath.Join(k.Dir, "config", "default"))
-	if err != nil {
-		return nil, fmt.Errorf("kueue %s config/default: %w (run e2e/peers.sh)", k.Version, err)
-	}
-	rel, err := filepath.Rel(absInstall, absDefault) // kustomize refuses absolute resource paths
-	if err != nil {
-		return nil, err
-	}
-	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\n", rel)
-	if err := os.WriteFile(filepath.Join(install, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
 		return nil, err
 	}
 	if overlay == CredentialsProvidersOverlay {
@@ -75,6 +55,38 @@ func RenderDeploy(k KueuePeer, scratch, overlay string) ([]byte, error) {
 			return nil, err
 		}
 	}
+	return kustomize(k, tree, overlay)
+}
+
+// copyDeploy copies deploy/ under scratch, its kueue-install naming Kueue k's own
+// config/default instead of the release manifest's URL, and returns the copy's directory.
+func copyDeploy(k KueuePeer, scratch string) (string, error) {
+	tree, err := os.MkdirTemp(scratch, "deploy-")
+	if err != nil {
+		return "", err
+	}
+	if err := os.CopyFS(tree, os.DirFS(filepath.Join(RepoRoot(), "deploy"))); err != nil {
+		return "", fmt.Errorf("copy deploy/: %w", err)
+	}
+	install := filepath.Join(tree, "kueue", "kueue-install")
+	absInstall, err := filepath.EvalSymlinks(install)
+	if err != nil {
+		return "", err
+	}
+	absDefault, err := filepath.EvalSymlinks(filepath.Join(k.Dir, "config", "default"))
+	if err != nil {
+		return "", fmt.Errorf("kueue %s config/default: %w (run e2e/peers.sh)", k.Version, err)
+	}
+	rel, err := filepath.Rel(absInstall, absDefault) // kustomize refuses absolute resource paths
+	if err != nil {
+		return "", err
+	}
+	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\n", rel)
+	return tree, os.WriteFile(filepath.Join(install, "kustomization.yaml"), []byte(kust), 0o644)
+}
+
+// kustomize is `kubectl kustomize` of overlay in the copied tree.
+func kustomize(k KueuePeer, tree, overlay string) ([]byte, error) {
 	out, err := exec.Command("kubectl", "kustomize", filepath.Join(tree, overlay)).CombinedOutput()
 	if err != nil {
 		return nil, fmt.Errorf("kubectl kustomize %s over kueue %s: %w\n%s", overlay, k.Version, err, out)

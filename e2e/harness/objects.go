@@ -102,9 +102,9 @@ type Forwarder struct {
 	conns map[net.Conn]bool
 }
 
-// StartForwarder listens on a fresh loopback port.
+// StartForwarder listens on a fresh port of NodeIP, where the node's pods reach it too.
 func StartForwarder(target string) (*Forwarder, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", net.JoinHostPort(NodeIP, "0"))
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,10 @@ type Peers struct {
 	ClusterProfileCRDDir     string
 	Crane                    string               // go-containerregistry's crane: the node's registry (StartRegistry)
 	Kueue                    map[string]KueuePeer // by version, "v0.19.2"
+	// The node's (StartNode): the same Kubernetes release's kubelet, kube-proxy,
+	// kube-controller-manager and kube-scheduler, and containerd with its runc shim and ctr.
+	Kubelet, KubeProxy, KubeControllerManager, KubeScheduler string
+	ContainerdVersion, Containerd, ContainerdShim, Ctr       string
 }
 
 // KueuePeer is one Kueue version: its binary and its module directory (CRDs, webhooks, config).
@@ -57,6 +61,10 @@ func LoadPeers() (*Peers, error) {
 		KubeVersion: kv["KUBE_VERSION"], EtcdVersion: kv["ETCD_VERSION"],
 		KubeAPIServer: kv["KUBE_APISERVER"], Etcd: kv["ETCD"], Secretreader: kv["SECRETREADER"],
 		ClusterProfileCRDDir: kv["CLUSTERPROFILE_CRD_DIR"], Crane: kv["CRANE"], Kueue: map[string]KueuePeer{},
+		Kubelet: kv["KUBELET"], KubeProxy: kv["KUBE_PROXY"],
+		KubeControllerManager: kv["KUBE_CONTROLLER_MANAGER"], KubeScheduler: kv["KUBE_SCHEDULER"],
+		ContainerdVersion: kv["CONTAINERD_VERSION"], Containerd: kv["CONTAINERD"],
+		ContainerdShim: kv["CONTAINERD_SHIM"], Ctr: kv["CTR"],
 	}
 	for k, v := range kv {
 		if strings.HasPrefix(k, "KUEUE_") && !strings.HasSuffix(k, "_DIR") {
@@ -64,7 +72,8 @@ func LoadPeers() (*Peers, error) {
 			p.Kueue[ver] = KueuePeer{Version: ver, Binary: v, Dir: kv[k+"_DIR"], ClusterProfileCRDDir: kv[k+"_CLUSTERPROFILE_CRD_DIR"]}
 		}
 	}
-	for _, f := range []string{p.KubeAPIServer, p.Etcd, p.Secretreader} {
+	for _, f := range []string{p.KubeAPIServer, p.Etcd, p.Secretreader, p.Kubelet, p.KubeProxy,
+		p.KubeControllerManager, p.KubeScheduler, p.Containerd, p.ContainerdShim, p.Ctr, p.Crane} {
 		if st, err := os.Stat(f); err != nil || st.Mode()&0o111 == 0 {
 			return nil, fmt.Errorf("peer %q is missing (run e2e/peers.sh)", f)
 		}

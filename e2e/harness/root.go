@@ -8,10 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 )
 
@@ -35,10 +32,7 @@ type Container struct {
 	Dir   string
 	Log   string // host path of the combined stdout/stderr
 
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-	mu   sync.Mutex
+	proc
 }
 
 const launcher = `set -e
@@ -85,90 +79,26 @@ func (c *Container) Start() error {
 	if c.Root {
 		user = "0:0"
 	}
-	logf, err := os.OpenFile(c.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
 	args := append([]string{"--mount", "--propagation", "private", "--", "/bin/sh", "-c", launcher, "launcher", root, mounts, user}, c.Argv...)
 	cmd := exec.Command("unshare", args...)
 	// The launcher needs mount and chroot; the program sees the same PATH (its root has its own /bin).
 	cmd.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, c.Env...)
-	cmd.Stdout = logf
-	cmd.Stderr = logf
-	// Its own process group, so that nothing it starts outlives it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	// Linux sends Pdeathsig when the *thread* that forked the child exits, and the Go runtime
-	// may retire threads: start and wait from one goroutine locked to its thread, so that
-	// thread lives exactly as long as the child.
-	started := make(chan error, 1)
-	c.done = make(chan struct{})
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			logf.Close()
-			started <- fmt.Errorf("%s: %w", c.Name, err)
-			close(c.done)
-			return
-		}
-		started <- nil
-		err := cmd.Wait()
-		logf.Close()
-		c.mu.Lock()
-		c.err = err
-		c.mu.Unlock()
-		close(c.done)
-	}()
-	if err := <-started; err != nil {
-		return err
-	}
-	c.cmd = cmd
-	return nil
-}
-
-// Running reports whether the process has not exited.
-func (c *Container) Running() bool {
-	if c.done == nil {
-		return false
-	}
-	select {
-	case <-c.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// Exited is closed when the process exits.
-func (c *Container) Exited() <-chan struct{} { return c.done }
-
-// Stop sends SIGTERM, waits up to grace, then kills the whole process group.
-func (c *Container) Stop(grace time.Duration) error {
-	if c.cmd == nil || !c.Running() {
-		return nil
-	}
-	pgid := c.cmd.Process.Pid
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(grace):
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		<-c.done
-	}
-	// Reap anything left in the group (a shim mid-run).
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	return nil
+	return c.start(c.Name, cmd, c.Log)
 }
 
 // LogText is the container's log so far.
-func (c *Container) LogText() string {
-	b, _ := os.ReadFile(c.Log)
+func (c *Container) LogText() string { return logText(c.Log) }
+
+// LogLines returns the lines of the log containing sub.
+func (c *Container) LogLines(sub string) []string { return logLines(c.Log, sub) }
+
+func logText(path string) string {
+	b, _ := os.ReadFile(path)
 	return string(b)
 }
 
-// LogLines returns the lines of the log containing sub.
-func (c *Container) LogLines(sub string) []string {
-	f, err := os.Open(c.Log)
+func logLines(path, sub string) []string {
+	f, err := os.Open(path)
 	if err != nil {
 		return nil
 	}
@@ -218,12 +148,4 @@ func Poll(ctx context.Context, timeout, interval time.Duration, cond func() (boo
 		case <-time.After(interval):
 		}
 	}
-}
-
-// Pid is the process id (0 before Start).
-func (c *Container) Pid() int {
-	if c.cmd == nil || c.cmd.Process == nil {
-		return 0
-	}
-	return c.cmd.Process.Pid
 }
