@@ -48,14 +48,12 @@ func run(m *testing.M) int {
 	if _, ok := peers.Kueue[kueueMain]; !ok {
 		return fail(fmt.Errorf("kueue %s is not among the peers", kueueMain))
 	}
-	if scratch, err = os.MkdirTemp("", "credbroker-e2e-"); err != nil {
-		return fail(err)
+	// The parent process made the scratch directory (harness.RunInSuiteNetwork) and removes
+	// it at the end, unless CREDBROKER_E2E_KEEP=1 keeps every process's log and config.
+	if scratch = os.Getenv(harness.ScratchEnv); scratch == "" {
+		return fail(fmt.Errorf("%s is not set: run the suite with go test (TestMain starts it)", harness.ScratchEnv))
 	}
-	_ = os.Chmod(scratch, 0o755)
-	// CREDBROKER_E2E_KEEP=1 keeps every process's log and config for a look afterwards.
-	if os.Getenv("CREDBROKER_E2E_KEEP") == "" {
-		defer os.RemoveAll(scratch)
-	} else {
+	if os.Getenv("CREDBROKER_E2E_KEEP") != "" {
 		defer fmt.Println("e2e: kept", scratch)
 	}
 	if content, err = harness.ImageContent(); err != nil {

@@ -22,8 +22,9 @@ type ServingCert struct {
 	KeyPEM  []byte
 }
 
-// NewServingCert makes a fresh CA and a certificate it signs for the loopback names.
-func NewServingCert(name string) (*ServingCert, error) {
+// NewServingCert makes a fresh CA and a certificate it signs for the loopback names and
+// the addresses extra.
+func NewServingCert(name string, extra ...net.IP) (*ServingCert, error) {
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -58,7 +59,7 @@ func NewServingCert(name string) (*ServingCert, error) {
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames:     []string{"localhost"},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		IPAddresses:  append([]net.IP{net.ParseIP("127.0.0.1")}, extra...),
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"github.com/go-logr/logr"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,7 +15,12 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
+
+// envtest logs through controller-runtime's logger, which warns with a stack trace when no
+// logger is set; the suite reads the control planes' state, not that log.
+func init() { ctrllog.SetLogger(logr.Discard()) }
 
 func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
 
@@ -85,7 +91,19 @@ func StartCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 	}
 	env.ControlPlane.Etcd = &envtest.Etcd{Path: o.Peers.Etcd}
 	api := &envtest.APIServer{Path: o.Peers.KubeAPIServer}
-	api.SecureServing.Address = NodeIP
+	// envtest picks 127.0.0.1 and a port unless given both.
+	apiPort, err := freePortOn(NodeIP)
+	if err != nil {
+		return nil, err
+	}
+	api.SecureServing.Address, api.SecureServing.Port = NodeIP, strconv.Itoa(apiPort)
+	// The serving certificate names the `kubernetes` Service's address too, as a cluster's
+	// does (pods reach the API server there, through kube-proxy); envtest's names only the
+	// listening address, so the certificates are made here, where envtest looks for them.
+	api.CertDir = filepath.Join(o.Dir, "apiserver-certs")
+	if api.SecureServing.CA, err = writeAPIServerCerts(api.CertDir); err != nil {
+		return nil, err
+	}
 	// The address of the `kubernetes` Service's endpoint; the suite's network has no default
 	// route, from which kube-apiserver would otherwise pick one.
 	api.Configure().Set("advertise-address", NodeIP)
@@ -158,9 +176,41 @@ func (c *Cluster) Stop() error {
 	return c.Env.Stop()
 }
 
+// kubernetesServiceIP is the `kubernetes` Service's address: the first of ServiceCIDR.
+const kubernetesServiceIP = "10.0.0.1"
+
+// writeAPIServerCerts writes into dir what envtest would (apiserver.crt and .key, the
+// service-account signer sa-signer.crt and .key), the serving certificate for localhost,
+// 127.0.0.1, NodeIP and kubernetesServiceIP, and returns its CA.
+func writeAPIServerCerts(dir string) ([]byte, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	serving, err := NewServingCert("kube-apiserver", net.ParseIP(NodeIP), net.ParseIP(kubernetesServiceIP))
+	if err != nil {
+		return nil, err
+	}
+	signer, err := NewServingCert("service-account-signer")
+	if err != nil {
+		return nil, err
+	}
+	for name, data := range map[string][]byte{
+		"apiserver.crt": serving.CertPEM, "apiserver.key": serving.KeyPEM,
+		"sa-signer.crt": signer.CertPEM, "sa-signer.key": signer.KeyPEM,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return serving.CAPEM, nil
+}
+
 // FreePort asks the kernel for a free loopback port.
-func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func FreePort() (int, error) { return freePortOn("127.0.0.1") }
+
+// freePortOn asks the kernel for a free port on the address ip.
+func freePortOn(ip string) (int, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		return 0, err
 	}

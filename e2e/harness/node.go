@@ -73,10 +73,7 @@ type Node struct {
 
 	cgroupRoot string
 	cgroupDirs []string // created by Start, removed by Stop
-	tunables   map[string]string
-	logLinks   map[string]bool // /var/log/containers entries before the node started
-	madeLogDir bool
-	madeRunDir bool // containerd's shims put their sockets in /run/containerd/s whatever the state dir
+	host       *HostState
 }
 
 // StartNode starts containerd, the control plane's controllers, kube-proxy and the kubelet,
@@ -89,7 +86,7 @@ func StartNode(ctx context.Context, o NodeOptions) (n *Node, err error) {
 			n = nil
 		}
 	}()
-	if err := n.saveHost(); err != nil {
+	if n.host, err = SaveHost(); err != nil {
 		return nil, err
 	}
 	for _, d := range []string{"containerd", "kubelet", "pod-logs", "cni/net.d", "cni/ipam", "kubeconfigs"} {
@@ -361,36 +358,71 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	})
 }
 
-// saveHost records what Stop puts back: the kernel settings the kubelet changes and the
-// entries of /var/log/containers (the kubelet's fixed directory of log links).
-func (n *Node) saveHost() error {
-	n.tunables = map[string]string{}
+// HostState is what a node changes on the host outside its directory, as it was before:
+// the kernel settings the kubelet writes, the entries of /var/log/containers (the kubelet's
+// fixed directory of log links) and whether /run/containerd (containerd's fixed directory of
+// shim sockets) existed. Restore puts it back.
+type HostState struct {
+	tunables   map[string]string
+	logLinks   map[string]bool
+	madeLogDir bool
+	madeRunDir bool
+}
+
+// SaveHost records the host's state.
+func SaveHost() (*HostState, error) {
+	h := &HostState{tunables: map[string]string{}, logLinks: map[string]bool{}}
 	for _, t := range kernelTunables {
 		b, err := os.ReadFile(filepath.Join("/proc/sys", t))
 		if err != nil {
 			continue // not on this kernel: the kubelet skips it too
 		}
-		n.tunables[t] = strings.TrimSpace(string(b))
+		h.tunables[t] = strings.TrimSpace(string(b))
 	}
 	if _, err := os.Stat(shimSocketRoot); os.IsNotExist(err) {
-		n.madeRunDir = true
+		h.madeRunDir = true
 	}
-	n.logLinks = map[string]bool{}
 	entries, err := os.ReadDir("/var/log/containers")
 	if os.IsNotExist(err) {
-		n.madeLogDir = true
-		return nil
+		h.madeLogDir = true
+		return h, nil
 	}
 	for _, e := range entries {
-		n.logLinks[e.Name()] = true
+		h.logLinks[e.Name()] = true
 	}
-	return err
+	return h, err
 }
+
+// Restore puts the recorded state back.
+func (h *HostState) Restore() {
+	if h == nil {
+		return
+	}
+	if h.madeRunDir {
+		_ = os.RemoveAll(shimSocketRoot)
+	}
+	for t, v := range h.tunables {
+		_ = os.WriteFile(filepath.Join("/proc/sys", t), []byte(v), 0o644)
+	}
+	if entries, err := os.ReadDir("/var/log/containers"); err == nil {
+		for _, e := range entries {
+			if !h.logLinks[e.Name()] {
+				_ = os.Remove(filepath.Join("/var/log/containers", e.Name()))
+			}
+		}
+		if h.madeLogDir {
+			_ = os.Remove("/var/log/containers")
+		}
+	}
+}
+
+// nodeCgroupRoot is the node's cgroup root for the suite process pid.
+func nodeCgroupRoot(pid int) string { return fmt.Sprintf("/credbroker-e2e-node-%d", pid) }
 
 // makeCgroupRoot creates the node's cgroup root in every hierarchy (the kubelet checks it
 // exists in each one it uses): /credbroker-e2e-node-PID.
 func (n *Node) makeCgroupRoot() error {
-	n.cgroupRoot = fmt.Sprintf("/credbroker-e2e-node-%d", os.Getpid())
+	n.cgroupRoot = nodeCgroupRoot(os.Getpid())
 	hierarchies, err := cgroupHierarchies()
 	if err != nil {
 		return err
@@ -444,26 +476,11 @@ func (n *Node) Stop() {
 		_ = n.Proxy.Stop(5 * time.Second)
 	}
 	n.killShims()
-	n.unmountUnder(n.o.Dir)
+	unmountUnder(n.o.Dir)
 	for i := len(n.cgroupDirs) - 1; i >= 0; i-- {
 		removeCgroupTree(n.cgroupDirs[i])
 	}
-	if n.madeRunDir {
-		_ = os.RemoveAll(shimSocketRoot)
-	}
-	for t, v := range n.tunables {
-		_ = os.WriteFile(filepath.Join("/proc/sys", t), []byte(v), 0o644)
-	}
-	if entries, err := os.ReadDir("/var/log/containers"); err == nil {
-		for _, e := range entries {
-			if !n.logLinks[e.Name()] {
-				_ = os.Remove(filepath.Join("/var/log/containers", e.Name()))
-			}
-		}
-		if n.madeLogDir {
-			_ = os.Remove("/var/log/containers")
-		}
-	}
+	n.host.Restore()
 }
 
 // removeSandboxes stops and removes every pod sandbox through the CRI, as the kubelet does
@@ -504,7 +521,7 @@ func (n *Node) killShims() {
 
 // unmountUnder detaches every mount point under dir, deepest first (the pods' volumes, the
 // containers' root filesystems, the network namespaces' bind mounts).
-func (n *Node) unmountUnder(dir string) {
+func unmountUnder(dir string) {
 	if dir == "" {
 		return
 	}
@@ -535,6 +552,31 @@ func unescapeMount(s string) string {
 		return s
 	}
 	return out
+}
+
+// killCgroupTree kills every process in a cgroup and its children, a few rounds (a process
+// may fork while the first round runs).
+func killCgroupTree(root string) {
+	for round := 0; round < 10; round++ {
+		found := 0
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			b, _ := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+					found++
+				}
+			}
+			return nil
+		})
+		if found == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // removeCgroupTree removes a cgroup directory and its children, deepest first (a cgroup is

@@ -138,7 +138,7 @@ func (h *NodeHub) Stop() {
 // Kueue's release manifests with the images in the registry (the overlay's `images:` is the
 // one thing changed) and extra components listed last (a user's credbroker-config, docs/deploy.md
 // section 3), applies it with `kubectl apply --server-side`, and waits for the manager's
-// Deployment to be Available.
+// Deployment to be rolled out (every pod of the new template available, no old one).
 func (h *NodeHub) Deploy(ctx context.Context, overlay string, components map[string]map[string]string) ([]byte, error) {
 	rendered, err := RenderDeployWith(h.Kueue, h.Dir, overlay, []Image{h.CredbrokerImage, h.KueueImage}, components)
 	if err != nil {
@@ -156,12 +156,17 @@ func (h *NodeHub) Deploy(ctx context.Context, overlay string, components map[str
 		if err := h.Hub.Client.Get(ctx, client.ObjectKey{Namespace: KueueNamespace, Name: "kueue-controller-manager"}, &d); err != nil {
 			return false, err
 		}
-		for _, c := range d.Status.Conditions {
-			if c.Type == appsv1.DeploymentAvailable && c.Status == corev1.ConditionTrue {
-				return true, nil
-			}
+		// Rolled out (kubectl rollout status): the new template's pods all available, no old
+		// pod counted any more.
+		want := int32(1)
+		if d.Spec.Replicas != nil {
+			want = *d.Spec.Replicas
 		}
-		return false, fmt.Errorf("deployment not Available: %s", h.PodSummary(ctx))
+		st := d.Status
+		if st.ObservedGeneration >= d.Generation && st.UpdatedReplicas == want && st.Replicas == want && st.AvailableReplicas == want {
+			return true, nil
+		}
+		return false, fmt.Errorf("deployment not rolled out (%d updated, %d available of %d; %d pods):%s", st.UpdatedReplicas, st.AvailableReplicas, want, st.Replicas, h.PodSummary(ctx))
 	}); err != nil {
 		return nil, err
 	}
