@@ -61,13 +61,15 @@ if [ ! -x "$kas/kube-apiserver" ] || [ ! -x "$etcd/etcd" ] || node_missing; then
                 -o "$kas/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver || die "kube-apiserver $KUBE_VERSION did not build"
             mv "$kas/kube-apiserver.tmp" "$kas/kube-apiserver"
         fi
-        mkdir -p "$node"
-        for b in $node_bins; do
-            [ -x "$node/$b" ] && continue
+        if node_missing; then
+            # One build of the four: their packages compile once, in parallel, and link at once.
+            rm -rf "$node.tmp" && mkdir -p "$node.tmp" "$node"
             build -ldflags "-s -w -X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor" \
-                -o "$node/$b.tmp" "k8s.io/kubernetes/cmd/$b" || die "$b $KUBE_VERSION did not build"
-            mv "$node/$b.tmp" "$node/$b"
-        done
+                -o "$node.tmp/" $(for b in $node_bins; do echo "k8s.io/kubernetes/cmd/$b"; done) \
+                || die "the node's binaries ($node_bins) $KUBE_VERSION did not build"
+            for b in $node_bins; do mv "$node.tmp/$b" "$node/$b"; done
+            rmdir "$node.tmp"
+        fi
         if [ ! -x "$etcd/etcd" ]; then
             build -ldflags "-s -w" -o "$etcd/etcd.tmp" go.etcd.io/etcd/server/v3 || die "etcd $ETCD_VERSION did not build"
             mv "$etcd/etcd.tmp" "$etcd/etcd"
