@@ -103,12 +103,14 @@ func TestRevokedTokenRecovers(t *testing.T) {
 	noTokenIn(t, "the broker log", s.Broker.LogText(), tokens...)
 }
 
-// steadyDuration is how long TestSteadyState watches (CREDBROKER_E2E_STEADY_SECS, default 180).
+// steadyDuration is how long TestSteadyState watches (CREDBROKER_E2E_STEADY_SECS, default
+// 120: two credential lifetimes of 60 s, four connection cuts, the ClusterProfile change
+// halfway).
 func steadyDuration() time.Duration {
 	if v, err := strconv.Atoi(os.Getenv("CREDBROKER_E2E_STEADY_SECS")); err == nil && v > 0 {
 		return time.Duration(v) * time.Second
 	}
-	return 180 * time.Second
+	return 120 * time.Second
 }
 
 // steadyMark is where a steady-state window starts: the counters and log lengths then.

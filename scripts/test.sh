@@ -93,6 +93,41 @@ printf 'kubectl: %s\ngrpcurl: %s\n' "$(kubectl version --client 2>/dev/null | he
 have go || die "go is missing (e2e/peers.sh fetches Kueue's manifests and builds the e2e peers)"
 e2e/peers.sh
 
+# Jobs run beside the foreground, each in a session of its own (so that it is stopped whole,
+# with its children, if the run fails first); its output goes to a log printed when it ends.
+logs=$(mktemp -d "${TMPDIR:-/tmp}/credbroker-test.XXXXXX")
+declare -A bg_pid=()
+background() { # NAME (a word) COMMAND...
+    local name=$1; shift
+    setsid "$@" >"$logs/$name.log" 2>&1 </dev/null &
+    bg_pid[$name]=$!
+}
+finish() { # NAME: waits for it, prints its output, fails the run if it failed
+    local name=$1 status=0
+    wait "${bg_pid[$name]}" || status=$?
+    unset "bg_pid[$name]"
+    say "$name ended (exit $status); its output:"
+    cat "$logs/$name.log"
+    [ "$status" = 0 ] || die "$name failed (exit $status)"
+}
+stop_background() {
+    local name
+    for name in "${!bg_pid[@]}"; do kill -TERM -- "-${bg_pid[$name]}" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$logs"
+}
+trap stop_background EXIT
+
+say "release builds, beside what follows at the lowest priority"
+# The arm64 build (Debian's rustc for aarch64, static; scripts/cross-build.sh installs what it
+# needs) and the image's amd64 release content (scripts/image-content.sh), each in a target
+# directory of its own: minutes of compiling that nothing needs before the arm64 tests,
+# tests/tests/image.rs and e2e's node (which then find them built; a build still running holds
+# its cargo lock until it ends). At nice 19 they take the CPU the lints and the tests leave
+# idle (most tests wait on sockets and timers).
+background release-builds nice -n 19 bash -c 'scripts/cross-build.sh --arch arm64 \
+    && scripts/image-content.sh --profile release --out "$1" >/dev/null' release-builds "$logs/release-content"
+
 say "format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -108,13 +143,20 @@ cargo auditable build --locked --profile shim -p credbroker-shim
 shim=target/x86_64-unknown-linux-gnu/shim/credbroker-shim
 printf '%s: %s bytes\n' "$shim" "$(stat -c %s "$shim")"
 
-say "arm64 build: Debian's rustc for aarch64, static (scripts/cross-build.sh installs what it needs)"
-scripts/cross-build.sh --arch arm64
-
 say "tests"
 cargo build --locked --workspace --bins
-cargo test --locked --workspace
+# Every test target but tests/tests/image.rs (image builds: CPU for minutes, nothing timed),
+# which runs beside the real-cluster suite below.
+tests_but_image=()
+for t in tests/tests/*.rs; do
+    t=$(basename "$t" .rs)
+    [ "$t" = image ] || tests_but_image+=(--test "$t")
+done
+cargo test --locked --workspace --exclude credbroker-tests
+cargo test --locked -p credbroker-tests --lib "${tests_but_image[@]}"
+cargo test --locked -p credbroker-tests --doc
 cargo run --locked -q -p credbroker-bench -- --smoke >/dev/null   # benchmarks keep working (BENCHMARKS.md)
+finish release-builds
 
 say "real-cluster suite (e2e/): Kueue, kube-apiserver and etcd from the Go module proxy"
 # Peers built by e2e/peers.sh above (test peers); Kueue v0.19.2 and v0.17.0 dispatch Jobs
@@ -122,6 +164,13 @@ say "real-cluster suite (e2e/): Kueue, kube-apiserver and etcd from the Go modul
 [ "$(id -u)" = 0 ] || die "the e2e suite needs root (mount namespaces and chroot for Kueue and the broker)"
 unformatted=$(cd e2e && gofmt -l .)
 [ -z "$unformatted" ] || die "gofmt: these e2e files need formatting: $unformatted"
-(cd e2e && GOTOOLCHAIN=local go vet ./... && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e)|_test\.go:[0-9]+: ' | cut -c1-600; exit "${PIPESTATUS[0]}")
+(cd e2e && GOTOOLCHAIN=local go vet ./...)
+# The suite mostly waits on Kueue, its timers and its credentials' lifetimes; the image tests
+# (build-image.sh's archive run with buildah, the image index, deploy/Containerfile built with
+# buildah) compile and pack for minutes with nothing timed, so they take its idle CPU.
+cargo test --locked -p credbroker-tests --test image --no-run
+background image-tests nice -n 19 cargo test --locked -p credbroker-tests --test image
+(cd e2e && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e)|_test\.go:[0-9]+: ' | cut -c1-600; exit "${PIPESTATUS[0]}")
+finish image-tests
 
 say "done"
