@@ -93,13 +93,18 @@ printf 'kubectl: %s\ngrpcurl: %s\n' "$(kubectl version --client 2>/dev/null | he
 have go || die "go is missing (e2e/peers.sh fetches Kueue's manifests and builds the e2e peers)"
 e2e/peers.sh
 
-# Jobs run beside the foreground, each in a session of its own (so that it is stopped whole,
-# with its children, if the run fails first); its output goes to a log printed when it ends.
+# Jobs run beside the foreground at the lowest CPU priority, each in a session of its own (so
+# that it is stopped whole, with its children, if the run fails first); its output goes to a
+# log printed when it ends. A new session is a new scheduling group where the kernel groups
+# by session (autogroup), and groups share the CPU evenly whatever their processes' nice
+# value: the group itself is set to the lowest priority too.
 logs=$(mktemp -d "${TMPDIR:-/tmp}/credbroker-test.XXXXXX")
 declare -A bg_pid=()
 background() { # NAME (a word) COMMAND...
     local name=$1; shift
-    setsid "$@" >"$logs/$name.log" 2>&1 </dev/null &
+    # shellcheck disable=SC2016
+    setsid bash -c '[ ! -w /proc/self/autogroup ] || echo 19 >/proc/self/autogroup; exec nice -n 19 "$@"' \
+        "$name" "$@" >"$logs/$name.log" 2>&1 </dev/null &
     bg_pid[$name]=$!
 }
 finish() { # NAME: waits for it, prints its output, fails the run if it failed
@@ -125,7 +130,7 @@ say "release builds, beside what follows at the lowest priority"
 # tests/tests/image.rs and e2e's node (which then find them built; a build still running holds
 # its cargo lock until it ends). At nice 19 they take the CPU the lints and the tests leave
 # idle (most tests wait on sockets and timers).
-background release-builds nice -n 19 bash -c 'scripts/cross-build.sh --arch arm64 \
+background release-builds bash -c 'scripts/cross-build.sh --arch arm64 \
     && scripts/image-content.sh --profile release --out "$1" >/dev/null' release-builds "$logs/release-content"
 
 say "format and lints"
@@ -169,7 +174,7 @@ unformatted=$(cd e2e && gofmt -l .)
 # (build-image.sh's archive run with buildah, the image index, deploy/Containerfile built with
 # buildah) compile and pack for minutes with nothing timed, so they take its idle CPU.
 cargo test --locked -p credbroker-tests --test image --no-run
-background image-tests nice -n 19 cargo test --locked -p credbroker-tests --test image
+background image-tests cargo test --locked -p credbroker-tests --test image
 (cd e2e && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e)|_test\.go:[0-9]+: ' | cut -c1-600; exit "${PIPESTATUS[0]}")
 finish image-tests
 
