@@ -89,7 +89,9 @@ for pair in "release/credbroker:credbroker" "shim/credbroker-shim:credbroker-shi
     if readelf -l "$src" | grep -q INTERP || readelf -d "$src" 2>/dev/null | grep -q NEEDED; then
         die "$src is not static (it has an interpreter or needs shared libraries)"
     fi
-    cp "$src" "$dst.partial"
-    mv -f "$dst.partial" "$dst"
+    # A name of this run's own: two runs at once (scripts/test.sh's background build and a
+    # test's) each replace the file whole, never one another's half-written copy.
+    cp "$src" "$dst.partial.$$"
+    mv -f "$dst.partial.$$" "$dst"
     printf '%s: %s bytes\n' "$dst" "$(stat -c %s "$dst")"
 done

@@ -67,8 +67,8 @@ sbom=$(jq --arg target "$target" '
     }' <<<"$metadata")
 if [ -n "$out" ]; then
     mkdir -p "$(dirname "$out")"
-    printf '%s\n' "$sbom" >"$out.partial"
-    mv -f "$out.partial" "$out"
+    printf '%s\n' "$sbom" >"$out.partial.$$"
+    mv -f "$out.partial.$$" "$out"
 else
     printf '%s\n' "$sbom"
 fi

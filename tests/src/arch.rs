@@ -87,7 +87,8 @@ fn write_wrapper(path: &Path, qemu: &Path, binary: &Path) {
         crate::sh_quote(qemu.to_str().expect("UTF-8 path")),
         crate::sh_quote(binary.to_str().expect("UTF-8 path"))
     );
-    let partial = path.with_extension("partial");
+    // A name of this process's own: test processes running at once each replace it whole.
+    let partial = path.with_extension(format!("partial.{}", std::process::id()));
     std::fs::write(&partial, script).expect("write the qemu wrapper");
     std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     std::fs::rename(&partial, path).expect("install the qemu wrapper");
