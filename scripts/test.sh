@@ -151,16 +151,20 @@ printf '%s: %s bytes\n' "$shim" "$(stat -c %s "$shim")"
 say "tests"
 cargo build --locked --workspace --bins
 # Every test target but tests/tests/image.rs (image builds: CPU for minutes, nothing timed),
-# which runs beside the real-cluster suite below.
-tests_but_image=()
+# which runs beside the real-cluster suite below. The targets that run the arm64 binaries
+# (credbroker_tests::arch::arm64) come last, so that the background arm64 build has had the
+# time the others leave idle.
+first=() arm64=()
 for t in tests/tests/*.rs; do
-    t=$(basename "$t" .rs)
-    [ "$t" = image ] || tests_but_image+=(--test "$t")
+    name=$(basename "$t" .rs)
+    if [ "$name" = image ]; then continue
+    elif grep -q 'arch::arm64()' "$t"; then arm64+=(--test "$name")
+    else first+=(--test "$name"); fi
 done
 cargo test --locked --workspace --exclude credbroker-tests
-cargo test --locked -p credbroker-tests --lib "${tests_but_image[@]}"
+cargo test --locked -p credbroker-tests --lib "${first[@]}"
 cargo test --locked -p credbroker-tests --doc
-cargo run --locked -q -p credbroker-bench -- --smoke >/dev/null   # benchmarks keep working (BENCHMARKS.md)
+cargo test --locked -p credbroker-tests "${arm64[@]}"
 finish release-builds
 
 say "real-cluster suite (e2e/): Kueue, kube-apiserver and etcd from the Go module proxy"
@@ -174,8 +178,11 @@ unformatted=$(cd e2e && gofmt -l .)
 # (build-image.sh's archive run with buildah, the image index, deploy/Containerfile built with
 # buildah) compile and pack for minutes with nothing timed, so they take its idle CPU.
 cargo test --locked -p credbroker-tests --test image --no-run
-background image-tests cargo test --locked -p credbroker-tests --test image
+cargo build --locked -q -p credbroker-bench
+# The benchmarks keep working (BENCHMARKS.md): --smoke, seconds of each section, nothing timed.
+background image-tests-and-bench bash -c 'cargo test --locked -p credbroker-tests --test image \
+    && cargo run --locked -q -p credbroker-bench -- --smoke >/dev/null'
 (cd e2e && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e)|_test\.go:[0-9]+: ' | cut -c1-600; exit "${PIPESTATUS[0]}")
-finish image-tests
+finish image-tests-and-bench
 
 say "done"
