@@ -123,16 +123,6 @@ stop_background() {
 }
 trap stop_background EXIT
 
-say "release builds, beside what follows at the lowest priority"
-# The arm64 build (Debian's rustc for aarch64, static; scripts/cross-build.sh installs what it
-# needs) and the image's amd64 release content (scripts/image-content.sh), each in a target
-# directory of its own: minutes of compiling that nothing needs before the arm64 tests,
-# tests/tests/image.rs and e2e's node (which then find them built; a build still running holds
-# its cargo lock until it ends). At nice 19 they take the CPU the lints and the tests leave
-# idle (most tests wait on sockets and timers).
-background release-builds bash -c 'scripts/cross-build.sh --arch arm64 \
-    && scripts/image-content.sh --profile release --out "$1" >/dev/null' release-builds "$logs/release-content"
-
 say "format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -148,8 +138,23 @@ cargo auditable build --locked --profile shim -p credbroker-shim
 shim=target/x86_64-unknown-linux-gnu/shim/credbroker-shim
 printf '%s: %s bytes\n' "$shim" "$(stat -c %s "$shim")"
 
-say "tests"
+say "test builds"
 cargo build --locked --workspace --bins
+cargo test --locked --workspace --no-run
+
+say "release builds, beside the tests at the lowest priority"
+# The arm64 build (Debian's rustc for aarch64, static; scripts/cross-build.sh installs what it
+# needs) and the image's amd64 release content (scripts/image-content.sh), each in a target
+# directory of its own: minutes of compiling that nothing needs before the arm64 tests,
+# tests/tests/image.rs and e2e's node (which then find them built; a build still running holds
+# its cargo lock until it ends). At nice 19 they take the CPU the tests leave idle (most tests
+# wait on sockets and timers). They start once the lints and the test builds, which keep both
+# cores busy, are done: started beside them once, the lints took 1m35s instead of 21s,
+# their cargo "blocking waiting for file lock on package cache".
+background release-builds bash -c 'scripts/cross-build.sh --arch arm64 \
+    && scripts/image-content.sh --profile release --out "$1" >/dev/null' release-builds "$logs/release-content"
+
+say "tests"
 # Every test target but tests/tests/image.rs (image builds: CPU for minutes, nothing timed),
 # which runs beside the real-cluster suite below. The targets that run the arm64 binaries
 # (credbroker_tests::arch::arm64) come last, so that the background arm64 build has had the
@@ -177,7 +182,6 @@ unformatted=$(cd e2e && gofmt -l .)
 # The suite mostly waits on Kueue, its timers and its credentials' lifetimes; the image tests
 # (build-image.sh's archive run with buildah, the image index, deploy/Containerfile built with
 # buildah) compile and pack for minutes with nothing timed, so they take its idle CPU.
-cargo test --locked -p credbroker-tests --test image --no-run
 cargo build --locked -q -p credbroker-bench
 # The benchmarks keep working (BENCHMARKS.md): --smoke, seconds of each section, nothing timed.
 background image-tests-and-bench bash -c 'cargo test --locked -p credbroker-tests --test image \
