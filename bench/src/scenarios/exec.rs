@@ -18,6 +18,8 @@ use crate::stats::{Summary, ms, summarize};
 /// The shim's target against `/bin/true`, paired (issue 22): a hand-written HTTP/2 GetToken
 /// measured about 1.16× on this machine, so 1.35× leaves room for what the shim does besides.
 const SHIM_FLOOR_RATIO: f64 = 1.35;
+/// The one call a hit makes (the shim's `GET_TOKEN`).
+const GET_TOKEN: &str = "/credbroker.v1.TokenService/GetToken";
 
 pub fn run(bench: &mut Bench<'_>) {
     progress("shim cache hit vs /bin/true, aws eks get-token, gke-gcloud-auth-plugin");
@@ -134,8 +136,23 @@ pub fn run(bench: &mut Bench<'_>) {
         }
         out
     });
+    // The same again with the shim's own client (blocking, no runtime): what a hit runs,
+    // so that this row is the broker's side of it plus one connect, without tonic's client.
+    let message = prost::Message::encode_to_vec(&load::request("hit", "c1"));
+    let mut t_wire: Vec<Duration> = (0..bench.plan.shim_runs)
+        .map(|_| {
+            let t = Instant::now();
+            let mut stream =
+                std::os::unix::net::UnixStream::connect(&broker.socket).expect("connect");
+            let answer = credbroker_shim::wire::unary(&mut stream, GET_TOKEN, &message)
+                .expect("in-process call, the shim's client");
+            assert_eq!(answer.code, 0, "in-process call, the shim's client: status");
+            t.elapsed()
+        })
+        .collect();
     drop(broker);
     let s_conn = summarize(&mut t_conn);
+    let s_wire = summarize(&mut t_wire);
     let s_true = summarize(&mut t_true);
     let s_shim = summarize(&mut t_shim);
     let s_aws = (!t_aws.is_empty()).then(|| summarize(&mut t_aws));
@@ -162,6 +179,11 @@ pub fn run(bench: &mut Bench<'_>) {
         &mut o,
         "(no process: connect + one GetToken from the bench, tonic)",
         &s_conn,
+    );
+    row(
+        &mut o,
+        "(no process: connect + one GetToken from the bench, the shim's client)",
+        &s_wire,
     );
     match (&s_gke, &gke, &gke_error) {
         (Some(s), _, _) => row(&mut o, "`gke-gcloud-auth-plugin`, its cache hit", s),
