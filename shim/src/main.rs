@@ -18,14 +18,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use credbroker_execcred::{ApiVersion, EXEC_INFO_ENV, exec_credential, parse_exec_info};
 use credbroker_proto::v1::{Cluster, GetTokenRequest, GetTokenResponse};
 use credbroker_proto::{DEFAULT_SOCKET_PATH as DEFAULT_SOCKET, code_name_of};
-use credbroker_shim::wire::{self, Answer, WireError};
+use credbroker_shim::wire::{self, Answer, GET_TOKEN, WireError};
 use prost::Message as _;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const SOCKET_ENV: &str = "CREDBROKER_SOCKET";
 const USAGE: &str = "credbroker-shim --provider NAME [--socket PATH] [--timeout DURATION]";
-/// The one method the shim calls.
-const GET_TOKEN: &str = "/credbroker.v1.TokenService/GetToken";
 /// Stack of the thread that makes the call: it holds a few frames and the buffers live on
 /// the heap, so a small stack is cheaper to set up than std's 2 MiB default.
 const CALL_STACK: usize = 256 * 1024;

@@ -184,6 +184,9 @@ fn h2_code(code: u32) -> String {
     }
 }
 
+/// The one method the shim calls: `credbroker.v1.TokenService/GetToken` as an HTTP/2 path.
+pub const GET_TOKEN: &str = "/credbroker.v1.TokenService/GetToken";
+
 /// Makes the call `path` (`/package.Service/Method`) with the encoded `message` on `stream`
 /// and reads its answer.
 pub fn unary<S: Read + Write>(

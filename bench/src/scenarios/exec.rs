@@ -18,8 +18,6 @@ use crate::stats::{Summary, ms, summarize};
 /// The shim's target against `/bin/true`, paired (issue 22): a hand-written HTTP/2 GetToken
 /// measured about 1.16× on this machine, so 1.35× leaves room for what the shim does besides.
 const SHIM_FLOOR_RATIO: f64 = 1.35;
-/// The one call a hit makes (the shim's `GET_TOKEN`).
-const GET_TOKEN: &str = "/credbroker.v1.TokenService/GetToken";
 
 pub fn run(bench: &mut Bench<'_>) {
     progress("shim cache hit vs /bin/true, aws eks get-token, gke-gcloud-auth-plugin");
@@ -144,8 +142,12 @@ pub fn run(bench: &mut Bench<'_>) {
             let t = Instant::now();
             let mut stream =
                 std::os::unix::net::UnixStream::connect(&broker.socket).expect("connect");
-            let answer = credbroker_shim::wire::unary(&mut stream, GET_TOKEN, &message)
-                .expect("in-process call, the shim's client");
+            let answer = credbroker_shim::wire::unary(
+                &mut stream,
+                credbroker_shim::wire::GET_TOKEN,
+                &message,
+            )
+            .expect("in-process call, the shim's client");
             assert_eq!(answer.code, 0, "in-process call, the shim's client: status");
             t.elapsed()
         })
