@@ -7,13 +7,14 @@
 //! with nothing on stdout. The binary is static and small: it is exec'd for every credential.
 
 mod caller;
+mod connect;
 mod install;
 
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use credbroker_execcred::{ApiVersion, EXEC_INFO_ENV, exec_credential, parse_exec_info};
 use credbroker_proto::v1::{Cluster, GetTokenRequest, GetTokenResponse};
@@ -24,9 +25,6 @@ use prost::Message as _;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 const SOCKET_ENV: &str = "CREDBROKER_SOCKET";
 const USAGE: &str = "credbroker-shim --provider NAME [--socket PATH] [--timeout DURATION]";
-/// Stack of the thread that makes the call: it holds a few frames and the buffers live on
-/// the heap, so a small stack is cheaper to set up than std's 2 MiB default.
-const CALL_STACK: usize = 256 * 1024;
 
 const HELP: &str = "\
 credbroker-shim: kubeconfig exec plugin that asks the credbroker sidecar for a credential.
@@ -316,11 +314,10 @@ fn exec_info_failure(why: String) -> Failure {
 }
 
 /// The whole shim after argument parsing: exec info in, ExecCredential JSON out.
-/// Connecting and the call together never take longer than `args.timeout`: they run on a
-/// thread of their own, which this one stops waiting for at the deadline (a Unix socket's
-/// `connect` blocks while the broker's backlog is full, and std has no timeout for it). The
-/// process then exits, and the thread with it.
+/// Connecting and the call together never take longer than `args.timeout`: the socket
+/// keeps that deadline ([`connect`]).
 pub fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<String, Failure> {
+    let deadline = Instant::now() + args.timeout;
     let info = parse_exec_info(exec_info).map_err(exec_info_failure)?;
     let request = GetTokenRequest {
         provider: args.provider.clone(),
@@ -338,35 +335,8 @@ pub fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<String
         interactive: info.interactive,
         caller: caller::this_caller(exec_info),
     };
-    let (done, answer) = std::sync::mpsc::sync_channel(1);
-    let message = request.encode_to_vec();
-    let path = socket.to_path_buf();
-    std::thread::Builder::new()
-        .stack_size(CALL_STACK)
-        .spawn(move || {
-            let _ = done.send(get_token(&path, &message));
-        })
-        .map_err(|e| {
-            Failure::new(
-                "cannot start",
-                format!("thread: {e}"),
-                "the container may be out of threads or memory",
-            )
-        })?;
-    let response = answer
-        .recv_timeout(args.timeout)
-        .map_err(|_| {
-            Failure::new(
-                "timed out waiting for the broker",
-                format!(
-                    "no answer from the broker at {} within {:?}",
-                    socket.display(),
-                    args.timeout
-                ),
-                "check the broker's log; raise --timeout if the upstream is slow",
-            )
-        })?
-        .map_err(|e| e.failure(&args.provider, socket))?;
+    let response = get_token(socket, &request.encode_to_vec(), deadline)
+        .map_err(|e| e.failure(&args.provider, socket, args.timeout))?;
     exec_credential_json(info.api_version, &response, unix_now()).map_err(|why| {
         Failure::new(
             "unusable answer from the broker",
@@ -420,6 +390,8 @@ fn unix_now() -> i64 {
 /// Why the call failed, before it is worded for the operator.
 #[derive(Debug)]
 enum CallError {
+    /// The deadline passed: connecting (a full backlog) or waiting for the answer.
+    TimedOut,
     Connect(std::io::Error),
     Wire(WireError),
     /// The broker answered with an error status.
@@ -429,8 +401,16 @@ enum CallError {
 }
 
 impl CallError {
-    fn failure(self, provider: &str, socket: &Path) -> Failure {
+    fn failure(self, provider: &str, socket: &Path, timeout: Duration) -> Failure {
         match self {
+            CallError::TimedOut => Failure::new(
+                "timed out waiting for the broker",
+                format!(
+                    "no answer from the broker at {} within {timeout:?}",
+                    socket.display()
+                ),
+                "check the broker's log; raise --timeout if the upstream is slow",
+            ),
             CallError::Connect(e) => Failure::new(
                 format!("cannot connect to the broker at {}", socket.display()),
                 e.to_string(),
@@ -461,9 +441,19 @@ impl CallError {
 }
 
 /// Connects to the broker's Unix socket and makes the one `GetToken` call.
-fn get_token(socket: &Path, message: &[u8]) -> Result<GetTokenResponse, CallError> {
-    let mut stream = std::os::unix::net::UnixStream::connect(socket).map_err(CallError::Connect)?;
-    let answer = wire::unary(&mut stream, GET_TOKEN, message).map_err(CallError::Wire)?;
+fn get_token(
+    socket: &Path,
+    message: &[u8],
+    deadline: Instant,
+) -> Result<GetTokenResponse, CallError> {
+    let mut stream = connect::connect(socket, deadline).map_err(|e| match e {
+        connect::ConnectError::TimedOut => CallError::TimedOut,
+        connect::ConnectError::Io(e) => CallError::Connect(e),
+    })?;
+    let answer = wire::unary(&mut stream, GET_TOKEN, message).map_err(|e| match e {
+        WireError::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => CallError::TimedOut,
+        e => CallError::Wire(e),
+    })?;
     if answer.code != 0 {
         return Err(CallError::Status(answer));
     }
