@@ -42,7 +42,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 
 use crate::anchors::{Built, gke_cache};
-use crate::bench::{AWS_KEY, AWS_SECRET, Bench, REGION, UPSTREAM_DELAY, V1, progress};
+use crate::bench::{AWS_KEY, AWS_SECRET, Bench, REGION, UPSTREAM_DELAY, V1, progress, verdict};
 use crate::fakes::{self, HUB_NAMESPACE, HUB_TOKEN, Tallied};
 use crate::plan::Plan;
 use crate::procs::Broker;
@@ -62,6 +62,11 @@ const FLEET_TIMEOUT: Duration = Duration::from_secs(300);
 const AKS_SERVER_ID: &str = "6dae42f8-4368-4678-94ff-3960e28e3630";
 /// The tenant of the fake Entra ID (the broker's `AZURE_TENANT_ID` in the bench).
 const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
+/// credbroker's fleet and its static-token floor, in turn: pairs, the median one judged.
+const FLEET_PAIRS: usize = 3;
+/// credbroker's fleet at most this many times the static-token fleet's wall time (issue 31:
+/// exec should add a quarter at most to what client-go's own connections cost).
+const FLEET_FLOOR_RATIO: f64 = 1.25;
 /// Identities of the fleet: the issue's 1 000 clusters over 3 identities.
 const IDENTITIES: usize = 3;
 /// credbroker's steady-state calls per identity per hour (section 7's schedule): an AWS role
@@ -374,19 +379,45 @@ fn probe_floor() -> Option<u64> {
     )
 }
 
-/// Runs e2e/cmd/fleet over `n` clusters, cluster `i` served by `plugin(i)`.
+/// How the fleet's clusters authenticate.
+enum FleetUsers<'p> {
+    /// Cluster `i` runs `plugin(i)`; the fleet process gets cluster 0's environment
+    /// (client-go passes its own on to every plugin).
+    Exec(&'p dyn Fn(usize) -> Plugin),
+    /// A static bearer token per cluster and no exec plugin: the fleet's floor, 1 000
+    /// client-go TLS connections and requests with nothing to run first.
+    StaticTokens,
+}
+
+impl FleetUsers<'_> {
+    fn user(&self, i: usize) -> Value {
+        match self {
+            FleetUsers::Exec(plugin) => json!({"exec": plugin(i).exec_entry()}),
+            FleetUsers::StaticTokens => json!({"token": format!("bench-static-w{i}")}),
+        }
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        match self {
+            FleetUsers::Exec(plugin) => plugin(0).env,
+            FleetUsers::StaticTokens => Vec::new(),
+        }
+    }
+}
+
+/// Runs e2e/cmd/fleet over `n` clusters, cluster `i` authenticating as `users` says.
 fn run_fleet(
     fleet_bin: &Path,
     dir: &Path,
     workers: &Tallied,
     n: usize,
-    plugin: &dyn Fn(usize) -> Plugin,
+    users: &FleetUsers<'_>,
     calls: &dyn Fn() -> u64,
 ) -> Result<Fleet, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let ca = dir.join("workers-ca.pem");
     std::fs::write(&ca, workers.ca_pem()).map_err(|e| format!("ca: {e}"))?;
-    let (mut clusters, mut users, mut contexts) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut clusters, mut users_json, mut contexts) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
         let name = format!("w{i}");
         clusters.push(json!({"name": name, "cluster": {
@@ -394,15 +425,14 @@ fn run_fleet(
             "certificate-authority": ca,
             "extensions": [{"name": "client.authentication.k8s.io/exec", "extension": {"clusterName": name}}],
         }}));
-        users.push(json!({"name": name, "user": {"exec": plugin(i).exec_entry()}}));
+        users_json.push(json!({"name": name, "user": users.user(i)}));
         contexts.push(json!({"name": name, "context": {"cluster": name, "user": name}}));
     }
     let kubeconfig = dir.join("fleet.kubeconfig");
     let doc = json!({"apiVersion": "v1", "kind": "Config", "current-context": "w0",
-        "clusters": clusters, "users": users, "contexts": contexts});
+        "clusters": clusters, "users": users_json, "contexts": contexts});
     std::fs::write(&kubeconfig, doc.to_string()).map_err(|e| format!("kubeconfig: {e}"))?;
-    // The fleet process's environment is the plugins': client-go passes its own on.
-    let env = plugin(0).env;
+    let env = users.env();
     let stderr = std::fs::File::create(dir.join("fleet.stderr")).map_err(|e| e.to_string())?;
     workers.reset();
     let before = calls();
@@ -510,6 +540,8 @@ pub fn run(bench: &mut Bench<'_>) {
     let mut rows = Vec::new();
     let mut missing: Vec<(String, String)> = Vec::new();
 
+    // credbroker's fleet beside the same fleet with static tokens: (ours, the floor) per pair.
+    let mut fleet_floor: Option<Vec<FleetPair>> = None;
     // credbroker: the shim against a release broker; a miss is a fresh broker (AssumeRole).
     {
         let broker = bench.start_broker(10_000);
@@ -550,30 +582,53 @@ pub fn run(bench: &mut Bench<'_>) {
         drop(broker);
         if let Some(fleet_bin) = &built.fleet {
             // Three identities: one per provider type (AWS role, GCP account, Azure workload
-            // identity), as the fleet of section 6.
-            bench.reset_fakes(Duration::from_secs(3600));
-            let broker = bench.start_broker(10_000);
-            let providers = ["eks", "gke", "aks"];
-            let plugin = |i: usize| shim_plugin(&broker.socket, providers[i % 3], &format!("w{i}"));
+            // identity), as the fleet of section 6. Each run on a fresh broker (a cold
+            // start), followed by the same fleet with static tokens (its floor), in turn.
             let all_calls = || {
                 let (s, m, e) = clouds.calls();
                 s + m + e
             };
-            match run_fleet(
-                fleet_bin,
-                &w.join("fleet-credbroker"),
-                &workers,
-                n,
-                &plugin,
-                &all_calls,
-            ) {
-                Ok(f) => row.fleet = Some(f),
-                Err(e) => row.no_fleet = format!("fleet failed: {e}"),
+            let mut pairs = Vec::new();
+            for k in 0..FLEET_PAIRS {
+                bench.reset_fakes(Duration::from_secs(3600));
+                let broker = bench.start_broker(10_000);
+                let providers = ["eks", "gke", "aks"];
+                let plugin =
+                    |i: usize| shim_plugin(&broker.socket, providers[i % 3], &format!("w{i}"));
+                progress(&format!(
+                    "anchors: credbroker's fleet and its floor, pair {}",
+                    k + 1
+                ));
+                let ours = run_fleet(
+                    fleet_bin,
+                    &w.join(format!("fleet-credbroker-{k}")),
+                    &workers,
+                    n,
+                    &FleetUsers::Exec(&plugin),
+                    &all_calls,
+                );
+                if k == 0 {
+                    row.broker_rss_kib = Some(broker.rss_kib());
+                }
+                drop(broker);
+                let floor = run_fleet(
+                    fleet_bin,
+                    &w.join(format!("fleet-static-{k}")),
+                    &workers,
+                    n,
+                    &FleetUsers::StaticTokens,
+                    &|| 0,
+                );
+                pairs.push((ours, floor));
             }
-            row.broker_rss_kib = Some(broker.rss_kib());
+            match pairs.first().map(|(ours, _)| ours.clone()) {
+                Some(Ok(f)) => row.fleet = Some(f),
+                Some(Err(e)) => row.no_fleet = format!("fleet failed: {e}"),
+                None => {}
+            }
             row.fleet_identities = IDENTITIES;
             row.fleet_what = "AWS role, GCP account, Azure workload identity (one per provider)";
-            drop(broker);
+            fleet_floor = Some(pairs);
         } else {
             row.no_fleet = not_built("FLEET");
         }
@@ -832,8 +887,71 @@ pub fn run(bench: &mut Bench<'_>) {
         steady(row);
     }
     bench.reset_fakes(Duration::from_secs(3600));
-    let o = report(&plan, &rows, &missing, floor);
+    let mut o = report(&plan, &rows, &missing, floor);
+    if let Some(pairs) = &fleet_floor {
+        o.push_str(&floor_report(n, pairs));
+    }
     bench.out.push_str(&o);
+}
+
+/// One pair of fleet runs: credbroker's (a fresh broker) and the static-token floor's.
+type FleetPair = (Result<Fleet, String>, Result<Fleet, String>);
+
+/// credbroker's fleet against its floor, the same client-go fleet with static bearer tokens:
+/// each pair's wall times and their ratio, and the targets on the median pair.
+fn floor_report(n: usize, pairs: &[FleetPair]) -> String {
+    let mut o = format!(
+        "### The fleet's floor: the same {n} clusters with static tokens\n\nThe client-go fleet of the table's first row (a fresh broker each time: a cold start, 3 upstream fetches), then the same kubeconfig with a static bearer token per cluster instead of the exec entry: no plugin to run, {n} TLS connections and requests only. In turn, {} pairs.\n\n| pair | credbroker: wall | upstream calls | static tokens: wall | ÷ |\n|---:|---:|---:|---:|---:|\n",
+        pairs.len()
+    );
+    let mut ratios = Vec::new();
+    let mut walls = Vec::new();
+    for (k, pair) in pairs.iter().enumerate() {
+        match pair {
+            (Ok(ours), Ok(floor)) if ours.ok == ours.clusters && floor.ok == floor.clusters => {
+                let r = ours.wall.as_secs_f64() / floor.wall.as_secs_f64().max(1e-9);
+                ratios.push(r);
+                walls.push(ours.wall);
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {} | {} | {r:.2}× |",
+                    k + 1,
+                    ms(ours.wall),
+                    ours.upstream_calls,
+                    ms(floor.wall)
+                );
+            }
+            (ours, floor) => {
+                let what = |f: &Result<Fleet, String>| match f {
+                    Ok(f) if f.ok == f.clusters => ms(f.wall),
+                    Ok(f) => format!("{} of {} failed: {}", f.failed, f.clusters, f.first_error),
+                    Err(e) => format!("failed: {e}"),
+                };
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | | {} | |",
+                    k + 1,
+                    what(ours).replace('|', "/"),
+                    what(floor).replace('|', "/")
+                );
+            }
+        }
+    }
+    ratios.sort_by(f64::total_cmp);
+    walls.sort();
+    match (ratios.get(ratios.len() / 2), walls.get(walls.len() / 2)) {
+        (Some(r), Some(wall)) if ratios.len() == pairs.len() => {
+            let _ = writeln!(
+                o,
+                "\nMedian of the pairs: credbroker ÷ static tokens **{r:.2}×**, credbroker's wall {}. Targets: ≤ {FLEET_FLOOR_RATIO}× the static-token fleet: **{}**; ≤ 2 s: **{}**.\n",
+                ms(*wall),
+                verdict(*r <= FLEET_FLOOR_RATIO),
+                verdict(wall.as_secs_f64() <= 2.0)
+            );
+        }
+        _ => o.push_str("\nTargets: not judged: a run failed.\n\n"),
+    }
+    o
 }
 
 fn with_fleet(
@@ -863,7 +981,7 @@ fn with_fleet(
                     &dir,
                     workers,
                     plan.anchors_fleet,
-                    plugin.as_ref(),
+                    &FleetUsers::Exec(plugin.as_ref()),
                     a.calls.as_ref(),
                 ) {
                     Ok(f) => row.fleet = Some(f),
