@@ -82,18 +82,22 @@ pub fn config_digest(
         .collect::<String>()
 }
 
-/// The caller of this run, from `/proc/self/stat` and the parent's `/proc/<ppid>/stat`.
-/// `None` when they cannot be read (no `/proc`, `hidepid`), when `/proc` is not this process's
-/// pid namespace's (its `self` is another pid: the parent's entry there would be another
-/// process), or when the parent has a single thread: every Go program (client-go) runs
+/// The caller of this run, from the parent's `/proc/<ppid>/stat`. `None` when it cannot be
+/// read (no `/proc`, `hidepid`), when `/proc` is not this process's pid namespace's (its
+/// `self` links to another pid: the parent's entry there would be another process; the link
+/// is read rather than `/proc/self/stat`, which the kernel formats for 10 µs of a hit), or when the parent has a single thread: every Go program (client-go) runs
 /// several, while a shell or script that runs the shim by hand again and again is not
 /// client-go retrying after a 401.
 pub fn this_caller(exec_info: Option<&str>) -> Option<Caller> {
-    let own = parse_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
-    if own.pid != std::process::id() || own.ppid != std::os::unix::process::parent_id() {
+    if own_pid_in_proc()? != std::process::id() {
         return None;
     }
-    caller_of(own.ppid, exec_info)
+    caller_of(std::os::unix::process::parent_id(), exec_info)
+}
+
+/// This process's pid as the `/proc` mount numbers it: the target of its `self` link.
+fn own_pid_in_proc() -> Option<u32> {
+    std::fs::read_link("/proc/self").ok()?.to_str()?.parse().ok()
 }
 
 /// The caller of this run if process `pid` ran it.
@@ -243,10 +247,6 @@ mod tests {
         );
         assert_eq!(caller.config_digest.len(), 64);
         // This test's own run: /proc/self agrees with the process id (the same pid namespace).
-        let own = parse_stat(&std::fs::read_to_string("/proc/self/stat").unwrap()).unwrap();
-        assert_eq!(
-            (own.pid, own.ppid),
-            (std::process::id(), std::os::unix::process::parent_id())
-        );
+        assert_eq!(own_pid_in_proc(), Some(std::process::id()));
     }
 }
