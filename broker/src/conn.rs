@@ -273,8 +273,17 @@ impl ConnLimiter {
             timer: Box::pin(tokio::time::sleep(HANDSHAKE_TIMEOUT)),
             seen: 0,
             frame_header: [0; FRAME_HEADER_LEN],
+            cred: None,
         })
     }
+}
+
+/// The peer's credentials (SO_PEERCRED), as the accept loop read them to choose the
+/// connection's pool: kept with the connection so that no call reads them again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// An admitted connection: reads fail once its handshake is late, end (EOF) once it has been
@@ -289,9 +298,17 @@ pub struct Guarded<S> {
     /// Handshake bytes read so far (only counted until the handshake is done).
     seen: usize,
     frame_header: [u8; FRAME_HEADER_LEN],
+    /// Set by [`Guarded::with_cred`]; else read from the socket when tonic asks.
+    cred: Option<PeerCred>,
 }
 
 impl<S> Guarded<S> {
+    /// The connection with the peer credentials already read from its socket.
+    pub fn with_cred(mut self, cred: PeerCred) -> Self {
+        self.cred = Some(cred);
+        self
+    }
+
     /// The state calls on this connection report to.
     pub fn state(&self) -> &Arc<ConnState> {
         &self.state
@@ -418,11 +435,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     }
 }
 
-/// What a call learns about its connection: the peer (as tonic gives it for a plain
-/// `UnixStream`) and the state the call reports activity to.
+/// What a call learns about its connection: the peer's credentials (`None` when the socket
+/// cannot tell) and the state the call reports activity to.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
-    pub uds: UdsConnectInfo,
+    pub cred: Option<PeerCred>,
     pub state: Arc<ConnState>,
 }
 
@@ -430,8 +447,15 @@ impl Connected for Guarded<UnixStream> {
     type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> ConnInfo {
+        let cred = self.cred.or_else(|| {
+            let uds: UdsConnectInfo = self.inner.connect_info();
+            uds.peer_cred.map(|c| PeerCred {
+                uid: c.uid(),
+                gid: c.gid(),
+            })
+        });
         ConnInfo {
-            uds: self.inner.connect_info(),
+            cred,
             state: self.state.clone(),
         }
     }
@@ -440,8 +464,8 @@ impl Connected for Guarded<UnixStream> {
 /// Marks each call in flight on its connection from the moment its request has arrived whole
 /// until its answer (so a connection is never closed as idle under a slow call, and is idle
 /// while its only streams wait for a body), gives each request body [`BODY_DEADLINE`], and
-/// puts the connection's `UdsConnectInfo` where tonic would for a plain `UnixStream`, for the
-/// code that reads the caller's credentials.
+/// puts the connection's [`PeerCred`] in the request's extensions, for the code that reads the
+/// caller's credentials (`caller::peer`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ActivityLayer;
 
@@ -477,7 +501,9 @@ where
 
     fn call(&mut self, mut req: http::Request<tonic::body::Body>) -> Self::Future {
         let state = req.extensions().get::<ConnInfo>().cloned().map(|info| {
-            req.extensions_mut().insert(info.uds);
+            if let Some(cred) = info.cred {
+                req.extensions_mut().insert(cred);
+            }
             info.state
         });
         let slot = CallSlot::default();

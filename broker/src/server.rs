@@ -17,7 +17,7 @@ use tonic_health::ServingStatus;
 use crate::admin_service::AdminApi;
 use crate::broker::{Broker, Peer};
 use crate::config::Config;
-use crate::conn::{self, ActivityLayer, ConnLimiter};
+use crate::conn::{self, ActivityLayer, ConnLimiter, PeerCred};
 use crate::metrics::{self, MetricsError};
 use crate::ratelimit::RateLimitLayer;
 use crate::socket::{self, SocketError};
@@ -150,16 +150,24 @@ pub async fn serve(
         // Who the caller is decides before anything waits on it: a peer the broker would
         // refuse lands in a small pool of its own, never in the callers' (crate::conn).
         Ok(stream) => {
-            let peer = stream.peer_cred().ok().map(|cred| Peer {
-                uid: Some(cred.uid()),
-                gid: Some(cred.gid()),
+            let cred = stream.peer_cred().ok().map(|cred| PeerCred {
+                uid: cred.uid(),
+                gid: cred.gid(),
+            });
+            let peer = cred.map(|c| Peer {
+                uid: Some(c.uid),
+                gid: Some(c.gid),
             });
             let pool = if peer.is_some_and(|p| gate.may_connect(p)) {
                 &limiter
             } else {
                 &refused
             };
-            pool.admit(stream).map(Ok)
+            let admitted = pool.admit(stream)?;
+            Some(Ok(match cred {
+                Some(cred) => admitted.with_cred(cred),
+                None => admitted,
+            }))
         }
         Err(e) => Some(Err(e)),
     });
