@@ -97,7 +97,11 @@ pub fn this_caller(exec_info: Option<&str>) -> Option<Caller> {
 
 /// This process's pid as the `/proc` mount numbers it: the target of its `self` link.
 fn own_pid_in_proc() -> Option<u32> {
-    std::fs::read_link("/proc/self").ok()?.to_str()?.parse().ok()
+    std::fs::read_link("/proc/self")
+        .ok()?
+        .to_str()?
+        .parse()
+        .ok()
 }
 
 /// The caller of this run if process `pid` ran it.
