@@ -12,6 +12,7 @@ mod anchors;
 mod attack;
 mod bench;
 mod fakes;
+mod floor;
 mod load;
 mod plan;
 mod procs;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::anchors::{self, find_aws, gke_cache, which};
 use crate::bench::{Bench, V1, progress, verdict};
+use crate::floor;
 use crate::load;
 use crate::procs;
 use crate::stats::{Summary, ms, summarize};
@@ -137,24 +138,31 @@ pub fn run(bench: &mut Bench<'_>) {
     // The same again with the shim's own client (blocking, no runtime): what a hit runs,
     // so that this row is the broker's side of it plus one connect, without tonic's client.
     let message = prost::Message::encode_to_vec(&load::request("hit", "c1"));
-    let mut t_wire: Vec<Duration> = (0..bench.plan.shim_runs)
-        .map(|_| {
-            let t = Instant::now();
-            let mut stream =
-                std::os::unix::net::UnixStream::connect(&broker.socket).expect("connect");
-            let answer = credbroker_shim::wire::unary(
-                &mut stream,
-                credbroker_shim::wire::GET_TOKEN,
-                &message,
-            )
-            .expect("in-process call, the shim's client");
-            assert_eq!(answer.code, 0, "in-process call, the shim's client: status");
-            t.elapsed()
-        })
-        .collect();
+    let mut t_wire = floor::time_calls(&broker.socket, &message, n, "bench-exec-token");
+    // The floors under it (floor.rs): tonic with a constant answer, then the bytes it
+    // answered with written back by a thread that parses nothing.
+    let dir = bench.w().join("floor");
+    std::fs::create_dir_all(&dir).expect("floor dir");
+    let t_floor = |kind: floor::Runtime, name: &str| {
+        let server = floor::constant(&dir.join(name), kind);
+        floor::time_calls(&server.socket, &message, n, floor::FLOOR_TOKEN)
+    };
+    let mut t_tonic_mt = t_floor(floor::Runtime::MultiThread, "tonic-mt.sock");
+    let mut t_tonic_ct = t_floor(floor::Runtime::CurrentThread, "tonic-ct.sock");
+    let answer = {
+        let server = floor::constant(&dir.join("record.sock"), floor::Runtime::MultiThread);
+        floor::record_answer(&server.socket, &dir, &message)
+    };
+    let mut t_canned = {
+        let server = floor::canned(&dir.join("canned.sock"), answer);
+        floor::time_calls(&server.socket, &message, n, floor::FLOOR_TOKEN)
+    };
     drop(broker);
     let s_conn = summarize(&mut t_conn);
     let s_wire = summarize(&mut t_wire);
+    let s_tonic_mt = summarize(&mut t_tonic_mt);
+    let s_tonic_ct = summarize(&mut t_tonic_ct);
+    let s_canned = summarize(&mut t_canned);
     let s_true = summarize(&mut t_true);
     let s_shim = summarize(&mut t_shim);
     let s_aws = (!t_aws.is_empty()).then(|| summarize(&mut t_aws));
@@ -186,6 +194,21 @@ pub fn run(bench: &mut Bench<'_>) {
         &mut o,
         "(no process: connect + one GetToken from the bench, the shim's client)",
         &s_wire,
+    );
+    row(
+        &mut o,
+        "(the same call to tonic with a constant answer, multi-thread runtime: the broker's server stack with no broker)",
+        &s_tonic_mt,
+    );
+    row(
+        &mut o,
+        "(the same, tonic on a current-thread runtime)",
+        &s_tonic_ct,
+    );
+    row(
+        &mut o,
+        "(the same, a thread writing back tonic's recorded answer: the socket's floor)",
+        &s_canned,
     );
     match (&s_gke, &gke, &gke_error) {
         (Some(s), _, _) => row(&mut o, "`gke-gcloud-auth-plugin`, its cache hit", s),
