@@ -62,8 +62,8 @@ const FLEET_TIMEOUT: Duration = Duration::from_secs(300);
 const AKS_SERVER_ID: &str = "6dae42f8-4368-4678-94ff-3960e28e3630";
 /// The tenant of the fake Entra ID (the broker's `AZURE_TENANT_ID` in the bench).
 const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
-/// credbroker's fleet and its static-token floor, in turn: pairs, the median one judged.
-const FLEET_PAIRS: usize = 3;
+/// Rounds of credbroker's fleet and its floors, in turn; the median round is judged.
+const FLEET_ROUNDS: usize = 3;
 /// credbroker's fleet at most this many times the static-token fleet's wall time (issue 31:
 /// exec should add a quarter at most to what client-go's own connections cost).
 const FLEET_FLOOR_RATIO: f64 = 1.25;
@@ -387,6 +387,9 @@ enum FleetUsers<'p> {
     /// A static bearer token per cluster and no exec plugin: the fleet's floor, 1 000
     /// client-go TLS connections and requests with nothing to run first.
     StaticTokens,
+    /// An exec entry per cluster that runs `/bin/echo` with a static ExecCredential: the
+    /// floor of any exec plugin, client-go spawning 1 000 processes that print a token.
+    Echo,
 }
 
 impl FleetUsers<'_> {
@@ -394,13 +397,21 @@ impl FleetUsers<'_> {
         match self {
             FleetUsers::Exec(plugin) => json!({"exec": plugin(i).exec_entry()}),
             FleetUsers::StaticTokens => json!({"token": format!("bench-static-w{i}")}),
+            FleetUsers::Echo => json!({"exec": {
+                "apiVersion": V1,
+                "command": "/bin/echo",
+                "args": [json!({"apiVersion": V1, "kind": "ExecCredential",
+                    "status": {"token": format!("bench-echo-w{i}")}}).to_string()],
+                "provideClusterInfo": true,
+                "interactiveMode": "Never",
+            }}),
         }
     }
 
     fn env(&self) -> Vec<(String, String)> {
         match self {
             FleetUsers::Exec(plugin) => plugin(0).env,
-            FleetUsers::StaticTokens => Vec::new(),
+            FleetUsers::StaticTokens | FleetUsers::Echo => Vec::new(),
         }
     }
 }
@@ -541,7 +552,7 @@ pub fn run(bench: &mut Bench<'_>) {
     let mut missing: Vec<(String, String)> = Vec::new();
 
     // credbroker's fleet beside the same fleet with static tokens: (ours, the floor) per pair.
-    let mut fleet_floor: Option<Vec<FleetPair>> = None;
+    let mut fleet_floor: Option<Vec<FleetRound>> = None;
     // credbroker: the shim against a release broker; a miss is a fresh broker (AssumeRole).
     {
         let broker = bench.start_broker(10_000);
@@ -588,8 +599,8 @@ pub fn run(bench: &mut Bench<'_>) {
                 let (s, m, e) = clouds.calls();
                 s + m + e
             };
-            let mut pairs = Vec::new();
-            for k in 0..FLEET_PAIRS {
+            let mut rounds = Vec::new();
+            for k in 0..FLEET_ROUNDS {
                 bench.reset_fakes(Duration::from_secs(3600));
                 let broker = bench.start_broker(10_000);
                 let providers = ["eks", "gke", "aks"];
@@ -610,25 +621,44 @@ pub fn run(bench: &mut Bench<'_>) {
                 if k == 0 {
                     row.broker_rss_kib = Some(broker.rss_kib());
                 }
-                drop(broker);
-                let floor = run_fleet(
+                // The same broker again: every cluster a cache hit (the cold start's fetches
+                // out of the way).
+                let warm = run_fleet(
                     fleet_bin,
-                    &w.join(format!("fleet-static-{k}")),
+                    &w.join(format!("fleet-credbroker-warm-{k}")),
                     &workers,
                     n,
-                    &FleetUsers::StaticTokens,
-                    &|| 0,
+                    &FleetUsers::Exec(&plugin),
+                    &all_calls,
                 );
-                pairs.push((ours, floor));
+                drop(broker);
+                let floor = |users: FleetUsers<'_>, what: &str| {
+                    run_fleet(
+                        fleet_bin,
+                        &w.join(format!("fleet-{what}-{k}")),
+                        &workers,
+                        n,
+                        &users,
+                        &|| 0,
+                    )
+                };
+                let echo = floor(FleetUsers::Echo, "echo");
+                let floor = floor(FleetUsers::StaticTokens, "static");
+                rounds.push(FleetRound {
+                    ours,
+                    warm,
+                    echo,
+                    floor,
+                });
             }
-            match pairs.first().map(|(ours, _)| ours.clone()) {
+            match rounds.first().map(|r| r.ours.clone()) {
                 Some(Ok(f)) => row.fleet = Some(f),
                 Some(Err(e)) => row.no_fleet = format!("fleet failed: {e}"),
                 None => {}
             }
             row.fleet_identities = IDENTITIES;
             row.fleet_what = "AWS role, GCP account, Azure workload identity (one per provider)";
-            fleet_floor = Some(pairs);
+            fleet_floor = Some(rounds);
         } else {
             row.no_fleet = not_built("FLEET");
         }
@@ -888,62 +918,84 @@ pub fn run(bench: &mut Bench<'_>) {
     }
     bench.reset_fakes(Duration::from_secs(3600));
     let mut o = report(&plan, &rows, &missing, floor);
-    if let Some(pairs) = &fleet_floor {
-        o.push_str(&floor_report(n, pairs));
+    if let Some(rounds) = &fleet_floor {
+        o.push_str(&floor_report(n, rounds));
     }
     bench.out.push_str(&o);
 }
 
-/// One pair of fleet runs: credbroker's (a fresh broker) and the static-token floor's.
-type FleetPair = (Result<Fleet, String>, Result<Fleet, String>);
+/// One round of fleet runs in turn: credbroker's on a fresh broker (a cold start) and again on
+/// the same broker (all hits), the exec floor (`/bin/echo`) and the static-token floor.
+struct FleetRound {
+    ours: Result<Fleet, String>,
+    warm: Result<Fleet, String>,
+    echo: Result<Fleet, String>,
+    floor: Result<Fleet, String>,
+}
 
 /// credbroker's fleet against its floor, the same client-go fleet with static bearer tokens:
 /// each pair's wall times and their ratio, and the targets on the median pair.
-fn floor_report(n: usize, pairs: &[FleetPair]) -> String {
+fn floor_report(n: usize, rounds: &[FleetRound]) -> String {
     let mut o = format!(
-        "### The fleet's floor: the same {n} clusters with static tokens\n\nThe client-go fleet of the table's first row (a fresh broker each time: a cold start, 3 upstream fetches), then the same kubeconfig with a static bearer token per cluster instead of the exec entry: no plugin to run, {n} TLS connections and requests only. In turn, {} pairs.\n\n| pair | credbroker: wall | upstream calls | static tokens: wall | ÷ |\n|---:|---:|---:|---:|---:|\n",
-        pairs.len()
+        "### The fleet's floor: the same {n} clusters with static tokens\n\nThe client-go fleet of the table's first row on a fresh broker (a cold start: 3 upstream fetches of 200 ms), the same again on that broker (every cluster a cache hit), the same kubeconfig whose exec entries run `/bin/echo` with a static ExecCredential (the floor of any exec plugin: {n} processes spawned by client-go), and with a static bearer token per cluster instead (no plugin: {n} TLS connections and requests only). In turn, {} rounds; ÷: ÷ the static-token fleet of the same round.\n\n| round | credbroker, cold: wall | upstream calls | credbroker, warm | `/bin/echo` exec | static tokens | cold ÷ | warm ÷ | echo ÷ |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        rounds.len()
     );
+    let whole = |f: &Result<Fleet, String>| match f {
+        Ok(f) if f.ok == f.clusters => Ok(f.wall),
+        Ok(f) => Err(format!(
+            "{} of {} failed: {}",
+            f.failed, f.clusters, f.first_error
+        )),
+        Err(e) => Err(format!("failed: {e}")),
+    };
     let mut ratios = Vec::new();
     let mut walls = Vec::new();
-    for (k, pair) in pairs.iter().enumerate() {
-        match pair {
-            (Ok(ours), Ok(floor)) if ours.ok == ours.clusters && floor.ok == floor.clusters => {
-                let r = ours.wall.as_secs_f64() / floor.wall.as_secs_f64().max(1e-9);
-                ratios.push(r);
-                walls.push(ours.wall);
-                let _ = writeln!(
-                    o,
-                    "| {} | {} | {} | {} | {r:.2}× |",
-                    k + 1,
-                    ms(ours.wall),
-                    ours.upstream_calls,
-                    ms(floor.wall)
-                );
-            }
-            (ours, floor) => {
-                let what = |f: &Result<Fleet, String>| match f {
-                    Ok(f) if f.ok == f.clusters => ms(f.wall),
-                    Ok(f) => format!("{} of {} failed: {}", f.failed, f.clusters, f.first_error),
-                    Err(e) => format!("failed: {e}"),
-                };
-                let _ = writeln!(
-                    o,
-                    "| {} | {} | | {} | |",
-                    k + 1,
-                    what(ours).replace('|', "/"),
-                    what(floor).replace('|', "/")
-                );
-            }
+    for (k, p) in rounds.iter().enumerate() {
+        let cells = [
+            whole(&p.ours),
+            whole(&p.warm),
+            whole(&p.echo),
+            whole(&p.floor),
+        ];
+        let text: Vec<String> = cells
+            .iter()
+            .map(|c| match c {
+                Ok(d) => ms(*d),
+                Err(e) => e.replace('|', "/"),
+            })
+            .collect();
+        let calls = p
+            .ours
+            .as_ref()
+            .map_or(String::new(), |f| f.upstream_calls.to_string());
+        let by = |c: &Result<Duration, String>| match (c, &cells[3]) {
+            (Ok(a), Ok(b)) => format!("{:.2}×", a.as_secs_f64() / b.as_secs_f64().max(1e-9)),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            o,
+            "| {} | {} | {calls} | {} | {} | {} | {} | {} | {} |",
+            k + 1,
+            text[0],
+            text[1],
+            text[2],
+            text[3],
+            by(&cells[0]),
+            by(&cells[1]),
+            by(&cells[2])
+        );
+        if let (Ok(ours), Ok(floor)) = (&cells[0], &cells[3]) {
+            ratios.push(ours.as_secs_f64() / floor.as_secs_f64().max(1e-9));
+            walls.push(*ours);
         }
     }
     ratios.sort_by(f64::total_cmp);
     walls.sort();
     match (ratios.get(ratios.len() / 2), walls.get(walls.len() / 2)) {
-        (Some(r), Some(wall)) if ratios.len() == pairs.len() => {
+        (Some(r), Some(wall)) if ratios.len() == rounds.len() => {
             let _ = writeln!(
                 o,
-                "\nMedian of the pairs: credbroker ÷ static tokens **{r:.2}×**, credbroker's wall {}. Targets: ≤ {FLEET_FLOOR_RATIO}× the static-token fleet: **{}**; ≤ 2 s: **{}**.\n",
+                "\nMedian of the rounds: credbroker's cold start ÷ static tokens **{r:.2}×**, its wall {}. Targets: ≤ {FLEET_FLOOR_RATIO}× the static-token fleet: **{}**; ≤ 2 s: **{}**.\n",
                 ms(*wall),
                 verdict(*r <= FLEET_FLOOR_RATIO),
                 verdict(wall.as_secs_f64() <= 2.0)
