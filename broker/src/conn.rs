@@ -24,7 +24,7 @@ use futures_util::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixStream;
 use tokio::time::{Instant, Sleep};
-use tonic::transport::server::{Connected, UdsConnectInfo};
+use tonic::transport::server::Connected;
 
 /// A client must send the HTTP/2 preface and its SETTINGS frame within this long. A real
 /// client writes both right after connecting, and they wait in the kernel's buffer until the
@@ -298,7 +298,7 @@ pub struct Guarded<S> {
     /// Handshake bytes read so far (only counted until the handshake is done).
     seen: usize,
     frame_header: [u8; FRAME_HEADER_LEN],
-    /// Set by [`Guarded::with_cred`]; else read from the socket when tonic asks.
+    /// Set by [`Guarded::with_cred`]; `None` when the socket could not tell.
     cred: Option<PeerCred>,
 }
 
@@ -447,15 +447,8 @@ impl Connected for Guarded<UnixStream> {
     type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> ConnInfo {
-        let cred = self.cred.or_else(|| {
-            let uds: UdsConnectInfo = self.inner.connect_info();
-            uds.peer_cred.map(|c| PeerCred {
-                uid: c.uid(),
-                gid: c.gid(),
-            })
-        });
         ConnInfo {
-            cred,
+            cred: self.cred,
             state: self.state.clone(),
         }
     }

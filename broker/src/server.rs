@@ -15,7 +15,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic_health::ServingStatus;
 
 use crate::admin_service::AdminApi;
-use crate::broker::{Broker, Peer};
+use crate::broker::Broker;
+use crate::caller;
 use crate::config::Config;
 use crate::conn::{self, ActivityLayer, ConnLimiter, PeerCred};
 use crate::metrics::{self, MetricsError};
@@ -154,11 +155,7 @@ pub async fn serve(
                 uid: cred.uid(),
                 gid: cred.gid(),
             });
-            let peer = cred.map(|c| Peer {
-                uid: Some(c.uid),
-                gid: Some(c.gid),
-            });
-            let pool = if peer.is_some_and(|p| gate.may_connect(p)) {
+            let pool = if cred.is_some_and(|c| gate.may_connect(caller::of(Some(c)))) {
                 &limiter
             } else {
                 &refused
