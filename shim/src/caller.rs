@@ -85,9 +85,10 @@ pub fn config_digest(
 /// The caller of this run, from the parent's `/proc/<ppid>/stat`. `None` when it cannot be
 /// read (no `/proc`, `hidepid`), when `/proc` is not this process's pid namespace's (its
 /// `self` links to another pid: the parent's entry there would be another process; the link
-/// is read rather than `/proc/self/stat`, which the kernel formats for 10 µs of a hit), or when the parent has a single thread: every Go program (client-go) runs
-/// several, while a shell or script that runs the shim by hand again and again is not
-/// client-go retrying after a 401.
+/// is read rather than `/proc/self/stat`, which the kernel formats for 10 µs of a hit), or
+/// when the parent has a single thread: every Go program (client-go) runs several, while a
+/// shell or script that runs the shim by hand again and again is not client-go retrying
+/// after a 401.
 pub fn this_caller(exec_info: Option<&str>) -> Option<Caller> {
     if own_pid_in_proc()? != std::process::id() {
         return None;
@@ -277,11 +278,14 @@ mod tests {
             parse_stat(&own).map(|s| s.start_time)
         );
         assert_eq!(caller.config_digest.len(), 64);
-        // Read as `fs::read_to_string` reads it.
-        assert_eq!(
-            read_stat(caller.pid),
-            std::fs::read_to_string(format!("/proc/{}/stat", caller.pid)).ok()
-        );
+        // Read whole, as `fs::read_to_string` reads it (the times in it move between reads;
+        // the fields the caller takes and the line's shape do not).
+        let once = read_stat(caller.pid).expect("read_stat");
+        let fields = |line: &str| line.split_ascii_whitespace().count();
+        assert!(once.ends_with('\n'), "{once:?}");
+        assert_eq!(fields(&once), fields(&own));
+        let (a, b) = (parse_stat(&once).unwrap(), parse_stat(&own).unwrap());
+        assert_eq!((a.pid, a.ppid, a.start_time), (b.pid, b.ppid, b.start_time));
         // This test's own run: /proc/self agrees with the process id (the same pid namespace).
         assert_eq!(own_pid_in_proc(), Some(std::process::id()));
     }
