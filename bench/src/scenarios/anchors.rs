@@ -593,57 +593,43 @@ pub fn run(bench: &mut Bench<'_>) {
         drop(broker);
         if let Some(fleet_bin) = &built.fleet {
             // Three identities: one per provider type (AWS role, GCP account, Azure workload
-            // identity), as the fleet of section 6. Each run on a fresh broker (a cold
-            // start), followed by the same fleet with static tokens (its floor), in turn.
+            // identity), as the fleet of section 6. Each round: the fleet on a fresh broker (a
+            // cold start), again on that broker (all hits), then its two floors, in turn.
             let all_calls = || {
                 let (s, m, e) = clouds.calls();
                 s + m + e
             };
             let mut rounds = Vec::new();
             for k in 0..FLEET_ROUNDS {
+                let fleet = |users: &FleetUsers<'_>, what: &str| {
+                    run_fleet(
+                        fleet_bin,
+                        &w.join(format!("fleet-{what}-{k}")),
+                        &workers,
+                        n,
+                        users,
+                        &all_calls,
+                    )
+                };
                 bench.reset_fakes(Duration::from_secs(3600));
                 let broker = bench.start_broker(10_000);
                 let providers = ["eks", "gke", "aks"];
                 let plugin =
                     |i: usize| shim_plugin(&broker.socket, providers[i % 3], &format!("w{i}"));
                 progress(&format!(
-                    "anchors: credbroker's fleet and its floor, pair {}",
+                    "anchors: credbroker's fleet and its floors, round {}",
                     k + 1
                 ));
-                let ours = run_fleet(
-                    fleet_bin,
-                    &w.join(format!("fleet-credbroker-{k}")),
-                    &workers,
-                    n,
-                    &FleetUsers::Exec(&plugin),
-                    &all_calls,
-                );
+                let ours = fleet(&FleetUsers::Exec(&plugin), "credbroker");
                 if k == 0 {
                     row.broker_rss_kib = Some(broker.rss_kib());
                 }
                 // The same broker again: every cluster a cache hit (the cold start's fetches
                 // out of the way).
-                let warm = run_fleet(
-                    fleet_bin,
-                    &w.join(format!("fleet-credbroker-warm-{k}")),
-                    &workers,
-                    n,
-                    &FleetUsers::Exec(&plugin),
-                    &all_calls,
-                );
+                let warm = fleet(&FleetUsers::Exec(&plugin), "credbroker-warm");
                 drop(broker);
-                let floor = |users: FleetUsers<'_>, what: &str| {
-                    run_fleet(
-                        fleet_bin,
-                        &w.join(format!("fleet-{what}-{k}")),
-                        &workers,
-                        n,
-                        &users,
-                        &|| 0,
-                    )
-                };
-                let echo = floor(FleetUsers::Echo, "echo");
-                let floor = floor(FleetUsers::StaticTokens, "static");
+                let echo = fleet(&FleetUsers::Echo, "echo");
+                let floor = fleet(&FleetUsers::StaticTokens, "static");
                 rounds.push(FleetRound {
                     ours,
                     warm,

@@ -85,46 +85,29 @@ pub fn run(bench: &mut Bench<'_>) {
         let phase = legit(&socket, pid, unloaded_for, "unloaded").await;
         (phase, crate::procs::rss_kib(pid))
     });
-    let attackers = spawn(&attacker_bin, &socket, &["stall", "flood"], streams_for);
-    let streams = bench
-        .rt
-        .block_on(legit(&socket, pid, streams_for, "streams"));
-    let mut attacks = reports(attackers);
-    let attackers = spawn(
-        &attacker_bin,
-        &socket,
-        &["stall", "flood", "oversize", "hang"],
-        hostile_for,
-    );
-    let hostile = bench
-        .rt
-        .block_on(legit(&socket, pid, hostile_for, "hostile"));
-    for (kind, summary) in reports(attackers) {
-        attacks.push((kind, summary));
-    }
+    // One phase: the attackers of `kinds` (in `group`, when given) beside the legitimate
+    // callers for `secs`; with what each attacker did, and whether all went into the group.
+    let phase = |kinds: &[&'static str], secs: Duration, name: &str, group: Option<&CpuGroup>| {
+        let attackers = spawn(&attacker_bin, &socket, kinds, secs);
+        let moved = group.map_or(Ok(()), |g| {
+            attackers
+                .iter()
+                .try_for_each(|(_, child)| g.add(child.id()))
+        });
+        let calls = bench.rt.block_on(legit(&socket, pid, secs, name));
+        (calls, reports(attackers), moved)
+    };
+    const ALL_FOUR: [&str; 4] = ["stall", "flood", "oversize", "hang"];
+    let (streams, mut attacks, _) = phase(&["stall", "flood"], streams_for, "streams", None);
+    let (hostile, more, _) = phase(&ALL_FOUR, hostile_for, "hostile", None);
+    attacks.extend(more);
     // The same again with the attackers in a cpu cgroup of their own, as separate pods
     // would be: the kernel then shares the CPU between the groups, not between threads.
-    let grouped = match CpuGroup::create() {
-        Ok(group) => {
-            let attackers = spawn(
-                &attacker_bin,
-                &socket,
-                &["stall", "flood", "oversize", "hang"],
-                hostile_for,
-            );
-            let moved = attackers
-                .iter()
-                .try_for_each(|(_, child)| group.add(child.id()));
-            let phase = bench
-                .rt
-                .block_on(legit(&socket, pid, hostile_for, "grouped"));
-            for (kind, summary) in reports(attackers) {
-                attacks.push((kind, summary));
-            }
-            moved.map(|()| phase)
-        }
-        Err(e) => Err(e),
-    };
+    let grouped = CpuGroup::create().and_then(|group| {
+        let (calls, more, moved) = phase(&ALL_FOUR, hostile_for, "grouped", Some(&group));
+        attacks.extend(more);
+        moved.map(|()| calls)
+    });
     drop(broker);
     report(
         bench,
