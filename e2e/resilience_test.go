@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"credbroker.dev/e2e/harness"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
 // rotate does what an operator does after a leak: revokes every token of the worker identity
@@ -334,22 +335,38 @@ func TestBrokerRestart(t *testing.T) {
 
 // nudge annotates the Workload of Job ns/job: an event for Kueue's MultiKueue controller.
 func nudge(ctx context.Context, s *harness.Stack, ns, job string) error {
-	wls, err := s.JobWorkloads(ctx, ns, job)
-	if err != nil {
-		return err
-	}
-	if len(wls) == 0 {
-		return fmt.Errorf("no Workload of Job %s/%s", ns, job)
-	}
-	wl := wls[0]
-	ann := wl.GetAnnotations()
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann["e2e.credbroker.dev/nudge"] = time.Now().UTC().Format(time.RFC3339Nano)
-	wl.SetAnnotations(ann)
-	return fleet.Hub.Client.Update(ctx, &wl)
+	// The Workload can be replaced between the list and the update (Kueue deletes and
+	// recreates it when a new manager finds it out of date): a Workload that is gone or
+	// changed is looked up again, within nudgeWithin.
+	return harness.Poll(ctx, nudgeWithin, 250*time.Millisecond, func() (bool, error) {
+		wls, err := s.JobWorkloads(ctx, ns, job)
+		if err != nil {
+			return false, harness.Fatal(err)
+		}
+		if len(wls) == 0 {
+			return false, fmt.Errorf("no Workload of Job %s/%s", ns, job)
+		}
+		wl := wls[0]
+		ann := wl.GetAnnotations()
+		if ann == nil {
+			ann = map[string]string{}
+		}
+		ann["e2e.credbroker.dev/nudge"] = time.Now().UTC().Format(time.RFC3339Nano)
+		wl.SetAnnotations(ann)
+		err = fleet.Hub.Client.Update(ctx, &wl)
+		switch {
+		case err == nil:
+			return true, nil
+		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+			return false, err
+		default:
+			return false, harness.Fatal(err)
+		}
+	})
 }
+
+// nudgeWithin bounds nudge's retries: a Workload replaced by Kueue is back within seconds.
+const nudgeWithin = 15 * time.Second
 
 // TestKueueRestart: Kueue's manager restarts while the broker runs: every cluster is served
 // from the broker's cache, no upstream fetch.
