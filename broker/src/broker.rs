@@ -9,12 +9,12 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use credbroker_proto::v1::GetTokenRequest;
 
-use crate::cache::{Cache, CacheError, CacheSettings, Served, UPSTREAM_TIMEOUT};
+use crate::cache::{Ask, Cache, CacheError, CacheSettings, Served, UPSTREAM_TIMEOUT};
+use crate::caller::{Caller, Peer};
 use crate::config::{Config, LimitsConfig, ProviderConfig};
 use crate::metrics::{self, Metrics};
 use crate::providers::overrides::{self, OverrideError};
 use crate::providers::{self, Provider};
-use crate::rejections::CallerId;
 use crate::request::{RequestError, TokenRequest};
 use crate::telemetry::{ProviderHealth, Telemetry};
 use crate::text::{self, quote};
@@ -60,15 +60,6 @@ pub enum BrokerError {
         per_second: u32,
         burst: u32,
     },
-}
-
-/// Who is calling: the uid and gid the kernel reports for the socket's peer
-/// (SO_PEERCRED). Both unknown when the transport cannot tell; the transport modules fill
-/// it in (`caller::peer`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Peer {
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
 }
 
 /// A configured provider and the config it was built from (to tell, on reload, whether
@@ -257,12 +248,7 @@ impl Broker {
                 list: "socket.allowedUids/allowedGids",
             });
         }
-        let caller = msg
-            .caller
-            .as_ref()
-            .map(CallerId::from_proto)
-            .transpose()
-            .map_err(RequestError::Caller)?;
+        let caller = Caller::from_proto(peer, msg.caller.as_ref()).map_err(RequestError::Caller)?;
         let req = TokenRequest::from_proto(msg, &self.limits)?;
         let provider = &runtime
             .providers
@@ -296,7 +282,7 @@ impl Broker {
         let target = provider.resolve(&req).map_err(|e| failed(e.into()))?;
         match self
             .cache
-            .get_for(provider, &req, &target, caller.as_ref(), peer.uid)
+            .get(Ask::new(provider, &req, &target).by(caller))
             .await
         {
             Ok(served) => Ok((served, req)),

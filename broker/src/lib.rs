@@ -6,6 +6,7 @@ pub mod admin_service;
 pub mod broker;
 pub mod cache;
 pub mod caller;
+pub mod clock;
 pub mod config;
 pub mod conn;
 pub mod files;

@@ -21,13 +21,9 @@ use std::time::{Duration, SystemTime};
 use sha2::{Digest as _, Sha256};
 use tokio::time::Instant;
 
-use credbroker_proto::v1;
-
+use crate::caller::CallerId;
 use crate::providers::{Credential, CredentialSecret};
 use crate::request::ClusterInfo;
-/// The caller's wire checks live with the other request checks (`request`), which every
-/// module may import; re-exported here where the rules that use them are.
-pub use crate::request::{CallerError, PID_MAX_LIMIT};
 use crate::review::Answer;
 
 /// Callers remembered per entry and uid; past it the one of that uid served longest ago is
@@ -61,52 +57,6 @@ pub const MAX_FORCED_REFRESH_INTERVAL: Duration = Duration::from_secs(10 * 60);
 /// this module measures with) may drift apart by a little between the answer and the next
 /// call.
 pub const COME_BACK_SLACK: Duration = Duration::from_secs(1);
-/// One client-go process asking for one exec config: its pid, the process's start time (a
-/// reused pid is another process) and a digest of the exec config and cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct CallerId {
-    pub pid: u32,
-    pub start_time: u64,
-    config: [u8; 32],
-}
-
-impl CallerId {
-    /// Checks the wire message's fixed forms (the request limits: no field can grow).
-    pub fn from_proto(c: &v1::Caller) -> Result<Self, CallerError> {
-        if c.pid == 0 || c.pid > PID_MAX_LIMIT {
-            return Err(CallerError::Pid(c.pid));
-        }
-        let digest = c.config_digest.as_bytes();
-        let bad = || CallerError::Digest(digest.len());
-        if digest.len() != 64 {
-            return Err(bad());
-        }
-        let mut config = [0u8; 32];
-        for (out, pair) in config.iter_mut().zip(digest.chunks_exact(2)) {
-            let nibble = |b: u8| match b {
-                b'0'..=b'9' => Some(b - b'0'),
-                b'a'..=b'f' => Some(b - b'a' + 10),
-                _ => None,
-            };
-            *out = (nibble(pair[0]).ok_or_else(bad)? << 4) | nibble(pair[1]).ok_or_else(bad)?;
-        }
-        Ok(Self {
-            pid: c.pid,
-            start_time: c.start_time,
-            config,
-        })
-    }
-
-    #[cfg(test)]
-    pub fn new(pid: u32, start_time: u64, config: u8) -> Self {
-        Self {
-            pid,
-            start_time,
-            config: [config; 32],
-        }
-    }
-}
-
 /// A credential's SHA-256: compares what a caller was served with what a fetch got, without
 /// keeping the secret twice. Debug shows only that it is one.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

@@ -10,33 +10,9 @@ use serde_json::{Map, Number, Value};
 
 use credbroker_proto::v1;
 
+use crate::caller::CallerError;
 use crate::config::LimitsConfig;
 use crate::text::quote;
-
-/// Linux's PID_MAX_LIMIT (2^22): no process id is larger.
-pub const PID_MAX_LIMIT: u32 = 1 << 22;
-
-/// Why a request's `caller` was refused. Never quotes the caller's text: the fields have a
-/// fixed form, so their size says enough.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CallerError {
-    #[error("caller.pid is {0}: a process id is between 1 and {PID_MAX_LIMIT} (PID_MAX_LIMIT)")]
-    Pid(u32),
-    #[error(
-        "caller.configDigest must be a SHA-256 as 64 lowercase hex digits; got {0} bytes of something else"
-    )]
-    Digest(usize),
-}
-
-impl CallerError {
-    /// The request field at fault, for the status's ErrorInfo.
-    pub fn field(&self) -> &'static str {
-        match self {
-            Self::Pid(_) => "caller.pid",
-            Self::Digest(_) => "caller.configDigest",
-        }
-    }
-}
 
 /// A validated `GetToken` request.
 #[derive(Debug, Clone, PartialEq)]

@@ -171,8 +171,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::broker::Peer;
     use crate::broker::tests::{broker, msg};
+    use crate::caller::Peer;
     use crate::config::Config;
 
     const FILE: &str = "providers:\n  - {name: f, type: file, file: {path: \"/nonexistent/{clusterName}\"}}\n  - {name: cloud, type: aws}\n";
@@ -496,17 +496,15 @@ mod table {
                 vec![],
             ),
             (
-                BrokerError::BadRequest(RequestError::Caller(
-                    crate::rejections::CallerError::Digest(3),
-                )),
+                BrokerError::BadRequest(RequestError::Caller(crate::caller::CallerError::Digest(
+                    3,
+                ))),
                 Code::InvalidArgument,
                 reason::INVALID_REQUEST,
                 vec![("field", "caller.configDigest")],
             ),
             (
-                BrokerError::BadRequest(RequestError::Caller(crate::rejections::CallerError::Pid(
-                    0,
-                ))),
+                BrokerError::BadRequest(RequestError::Caller(crate::caller::CallerError::Pid(0))),
                 Code::InvalidArgument,
                 reason::INVALID_REQUEST,
                 vec![("field", "caller.pid")],

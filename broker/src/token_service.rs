@@ -4,7 +4,6 @@
 //! `crate::status`).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
 use credbroker_proto::code_name;
 use credbroker_proto::v1::token_service_server::TokenService;
@@ -93,21 +92,11 @@ impl TokenService for TokenApi {
     }
 }
 
-/// client-go's `expirationTimestamp` has whole seconds: a come-back time truncated to its
-/// second could lie in the past when it is less than a second away, and client-go would run
-/// the plugin again at once. Rounding up keeps it in the future; it stays under a second past
-/// the end of the serving window, so still at least 59 s before the credential expires.
-fn whole_second_after(t: SystemTime) -> SystemTime {
-    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs() + u64::from(since.subsec_nanos() > 0);
-    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
-}
-
 fn response(served: Served) -> GetTokenResponse {
     let mut out = GetTokenResponse {
-        expiration_time: Some(prost_types::Timestamp::from(whole_second_after(
-            served.come_back,
-        ))),
+        expiration_time: Some(prost_types::Timestamp::from(
+            crate::clock::whole_second_at_or_after(served.come_back),
+        )),
         ..Default::default()
     };
     match served.credential.secret {
@@ -125,14 +114,13 @@ fn response(served: Served) -> GetTokenResponse {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, SystemTime};
+
     use super::*;
 
     #[test]
-    fn come_back_times_round_up_to_the_next_whole_second() {
+    fn the_answer_carries_the_come_back_time_rounded_up_to_a_whole_second() {
         let at = |secs: u64, nanos: u32| SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
-        assert_eq!(whole_second_after(at(100, 300_000_000)), at(101, 0));
-        assert_eq!(whole_second_after(at(100, 1)), at(101, 0));
-        assert_eq!(whole_second_after(at(100, 0)), at(100, 0));
         let served = Served {
             credential: crate::providers::Credential::token("t", at(2000, 0)),
             come_back: at(1000, 999_999_999),

@@ -2,23 +2,15 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::entry::{backoff, schedule};
 use super::*;
+use crate::clock::{wall_ahead, wall_now, wall_reset};
 use crate::providers::CredentialSecret;
 use crate::providers::fake::FakeProvider;
 use crate::request::ClusterInfo;
 
 const HOUR: Duration = Duration::from_secs(3600);
 const MIN: Duration = Duration::from_secs(60);
-
-thread_local! {
-    /// How far this test thread's wall clock is ahead of the system's ([`wall_now`]).
-    pub(super) static WALL_AHEAD: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
-}
-
-/// Moves this thread's wall clock `by` ahead of the monotonic one (paused tokio time stays).
-fn wall_ahead(by: Duration) {
-    WALL_AHEAD.with(|w| w.set(w.get() + by));
-}
 
 /// Red-team finding: entries were timed on the monotonic clock only, so where it lags the
 /// wall clock (a suspended VM, a restored checkpoint) a credential expired by the wall clock
@@ -48,7 +40,7 @@ async fn a_credential_is_never_served_past_its_wall_clock_expiry() {
     assert_eq!((token(&after), after.outcome), ("fake-a-2", Outcome::Miss));
     assert_eq!(fake.calls(), 2);
     assert!(after.come_back > wall_now());
-    WALL_AHEAD.with(|w| w.set(Duration::ZERO));
+    wall_reset();
 }
 
 fn settings() -> CacheSettings {
@@ -95,7 +87,7 @@ async fn get(
 ) -> Result<Served, CacheError> {
     let req = req(cluster);
     let target = provider.resolve(&req)?;
-    cache.get(provider, &req, &target).await
+    cache.get(Ask::new(provider, &req, &target)).await
 }
 
 fn token(served: &Served) -> &str {
@@ -422,7 +414,7 @@ async fn max_bytes_bounds_what_entries_weigh() {
         async move {
             let req = big_req(&cluster);
             let target = p.resolve(&req).unwrap();
-            cache.get(p, &req, &target).await
+            cache.get(Ask::new(p, &req, &target)).await
         }
     };
     get_big("first".into()).await.unwrap();

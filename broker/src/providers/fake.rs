@@ -129,7 +129,7 @@ impl Provider for FakeProvider {
                     .unwrap_or_else(|| format!("fake-{identity}-{n}")),
                 behaviour
                     .expires_at
-                    .unwrap_or_else(|| crate::cache::wall_now() + behaviour.ttl),
+                    .unwrap_or_else(|| crate::clock::wall_now() + behaviour.ttl),
             ))
         })
     }

@@ -337,7 +337,7 @@ mod tests {
     /// file with nothing held is a clear error.
     #[tokio::test]
     async fn a_file_rewritten_in_place_is_served_through_and_read_again_at_once() {
-        use crate::cache::{Cache, CacheSettings, Outcome};
+        use crate::cache::{Ask, Cache, CacheSettings, Outcome};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a");
         let provider: std::sync::Arc<dyn Provider> = std::sync::Arc::new(provider(
@@ -367,12 +367,12 @@ mod tests {
             std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
         };
         write("tok-1");
-        let first = cache.get(&provider, &req, &target).await.unwrap();
+        let first = cache.get(Ask::new(&provider, &req, &target)).await.unwrap();
         assert_eq!(token(&first), "tok-1");
         // Caught mid-rewrite, empty: the held token, again and again, no back-off.
         write("");
         for _ in 0..5 {
-            let served = cache.get(&provider, &req, &target).await.unwrap();
+            let served = cache.get(Ask::new(&provider, &req, &target)).await.unwrap();
             assert_eq!(
                 (token(&served).as_str(), served.outcome),
                 ("tok-1", Outcome::Stale)
@@ -381,13 +381,13 @@ mod tests {
         // Half written and not a token: the same.
         write("tok-2 partial\n");
         assert_eq!(
-            token(&cache.get(&provider, &req, &target).await.unwrap()),
+            token(&cache.get(Ask::new(&provider, &req, &target)).await.unwrap()),
             "tok-1"
         );
         // Whole again: served at the very next call.
         write("tok-2");
         assert_eq!(
-            token(&cache.get(&provider, &req, &target).await.unwrap()),
+            token(&cache.get(Ask::new(&provider, &req, &target)).await.unwrap()),
             "tok-2"
         );
 
@@ -401,7 +401,7 @@ mod tests {
         });
         write("");
         let e = other
-            .get(&provider, &req, &target)
+            .get(Ask::new(&provider, &req, &target))
             .await
             .unwrap_err()
             .to_string();
@@ -412,7 +412,7 @@ mod tests {
         assert!(!e.contains("retrying"), "{e}");
         write("tok-3");
         assert_eq!(
-            token(&other.get(&provider, &req, &target).await.unwrap()),
+            token(&other.get(Ask::new(&provider, &req, &target)).await.unwrap()),
             "tok-3"
         );
     }

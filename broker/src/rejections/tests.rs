@@ -282,42 +282,6 @@ async fn the_caller_set_is_bounded_and_forgets_the_oldest_first() {
 }
 
 #[test]
-fn caller_fields_have_fixed_forms() {
-    let ok = v1::Caller {
-        pid: 4242,
-        start_time: 99,
-        config_digest: "0123456789abcdef".repeat(4),
-    };
-    let id = CallerId::from_proto(&ok).unwrap();
-    assert_eq!((id.pid, id.start_time), (4242, 99));
-    assert_eq!(
-        id.config[..8],
-        [0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef]
-    );
-    for (pid, digest, want) in [
-        (0, ok.config_digest.clone(), CallerError::Pid(0)),
-        (
-            PID_MAX_LIMIT + 1,
-            ok.config_digest.clone(),
-            CallerError::Pid(PID_MAX_LIMIT + 1),
-        ),
-        (1, "ab".into(), CallerError::Digest(2)),
-        (1, "0123456789ABCDEF".repeat(4), CallerError::Digest(64)),
-        (1, "g".repeat(64), CallerError::Digest(64)),
-        (1, "é".repeat(32), CallerError::Digest(64)),
-        (1, "0".repeat(10_000), CallerError::Digest(10_000)),
-    ] {
-        let c = v1::Caller {
-            pid,
-            start_time: 1,
-            config_digest: digest,
-        };
-        assert_eq!(CallerId::from_proto(&c), Err(want.clone()));
-        assert!(want.to_string().starts_with("caller."), "{want}");
-    }
-}
-
-#[test]
 fn a_credential_digest_shows_nothing_of_the_credential() {
     let d = digest("super-secret-token");
     assert_eq!(format!("{d:?}"), "CredentialDigest([redacted])");
@@ -334,8 +298,8 @@ mod through_the_cache {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
-    use super::CallerId;
-    use crate::cache::{Cache, CacheKey, CacheObserver, CacheSettings, Outcome, Served};
+    use crate::cache::{Ask, Cache, CacheKey, CacheObserver, CacheSettings, Outcome, Served};
+    use crate::caller::{Caller, CallerId};
     use crate::providers::fake::FakeProvider;
     use crate::providers::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError};
     use crate::request::{ClusterInfo, TokenRequest};
@@ -433,10 +397,12 @@ mod through_the_cache {
         async fn ask(&self, caller: Option<CallerId>) -> Served {
             let req = req();
             let target = self.provider.resolve(&req).unwrap();
-            self.cache
-                .get_for(&self.provider, &req, &target, caller.as_ref(), None)
-                .await
-                .unwrap()
+            let caller = Caller {
+                id: caller,
+                ..Caller::default()
+            };
+            let ask = Ask::new(&self.provider, &req, &target).by(caller);
+            self.cache.get(ask).await.unwrap()
         }
         fn rejections(&self) -> super::RejectionInfo {
             self.cache.entries()[0].rejections.clone()
@@ -699,7 +665,11 @@ mod through_the_cache {
         };
         let target = provider.resolve(&req).unwrap();
         let c = CallerId::new(10, 1, 1);
-        let ask = || cache.get_for(&provider, &req, &target, Some(&c), None);
+        let caller = Caller {
+            id: Some(c),
+            ..Caller::default()
+        };
+        let ask = || cache.get(Ask::new(&provider, &req, &target).by(caller));
         ask().await.unwrap();
         tokio::time::advance(Duration::from_secs(10)).await;
         ask().await.unwrap();
@@ -770,8 +740,8 @@ mod hostile_callers {
 
     use tokio::time::Instant;
 
-    use super::CallerId;
-    use crate::cache::{CHECK_WAIT, Cache, CacheSettings, Served};
+    use crate::cache::{Ask, CHECK_WAIT, Cache, CacheSettings, Served};
+    use crate::caller::{Caller, CallerId, Peer};
     use crate::providers::fake::FakeProvider;
     use crate::providers::{BoxFuture, Credential, CredentialSecret, Provider};
     use crate::request::{ClusterInfo, TokenRequest};
@@ -850,10 +820,15 @@ mod hostile_callers {
         async fn ask(&self, cluster: &str, server: &str, caller: CallerId, uid: u32) -> Served {
             let req = req(cluster, server);
             let target = self.provider.resolve(&req).unwrap();
-            self.cache
-                .get_for(&self.provider, &req, &target, Some(&caller), Some(uid))
-                .await
-                .unwrap()
+            let caller = Caller {
+                peer: Peer {
+                    uid: Some(uid),
+                    gid: None,
+                },
+                id: Some(caller),
+            };
+            let ask = Ask::new(&self.provider, &req, &target).by(caller);
+            self.cache.get(ask).await.unwrap()
         }
 
         /// A re-ask in its own task.
