@@ -17,7 +17,7 @@ import (
 // shortLifetime is the life of the credentials the lifecycle scenarios hand out: short enough
 // that client-go runs the shim again, and the broker refreshes, several times within minutes.
 // The broker refreshes at about half of it (40–60 %, jittered) and serves a credential until
-// a quarter of it before expiry (broker/src/cache.rs: REFRESH_FRACTION, STALE_MARGIN).
+// a quarter of it before expiry (broker/src/engine/cache.rs: REFRESH_FRACTION, STALE_MARGIN).
 const shortLifetime = 60 * time.Second
 
 // shortLivedExecProvider is execProvider whose upstream hands out credentials of shortLifetime.

@@ -1,8 +1,8 @@
 //! The broker's YAML configuration: the top level (socket, cache, limits, metrics, rate
 //! limit), loading, and errors that name the YAML path. Camel-case keys; unknown keys are
 //! rejected with their path. Each provider type's section, its defaults and its checks live
-//! in the provider's own `providers::<type>::config` module; value types both sides use are in
-//! [`values`]. Nothing here touches the network or the socket.
+//! in [`providers`], one module per type (this module names each: a registry); value types
+//! both sides use are in [`values`]. Nothing here touches the network or the socket.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -10,16 +10,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::providers::aws::config as aws;
-use crate::providers::azure::config as azure;
-use crate::providers::exec::config as exec;
-use crate::providers::file::config as file;
-use crate::providers::gcp::config as gcp;
-use crate::providers::kubernetes_secret::config as kubernetes_secret;
-
+pub mod providers;
+pub mod values;
 mod yaml;
 
-pub use crate::values::{ConfigDuration, ProviderKind, Selector};
+use providers::{aws, azure, exec, file, gcp, kubernetes_secret};
+pub use values::{ConfigDuration, ProviderKind, Selector};
 pub use yaml::{MAX_CONFIG_BYTES, MAX_EXPANDED_BYTES};
 
 /// Where the shim looks when neither `--socket` nor `CREDBROKER_SOCKET` is given (the design's
@@ -372,7 +368,7 @@ impl ProviderConfig {
 }
 
 /// A provider's type and its section, owned by the provider's own config module
-/// (`providers::<type>::config`). Those modules compile in every build, so a broker built
+/// (`config::providers::<type>`). Those modules compile in every build, so a broker built
 /// without a type still parses, checks and explains an entry of that type.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProviderSpec {
@@ -654,14 +650,14 @@ impl Config {
         // put in its place blocked a SIGHUP reload, and then shutdown, forever).
         let opened = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(crate::files::OPEN_FLAGS)
+            .custom_flags(crate::base::files::OPEN_FLAGS)
             .open(path)
             .map_err(read_error)?;
         let meta = opened.metadata().map_err(read_error)?;
         if !meta.is_file() {
             return Err(read_error(std::io::Error::other(format!(
                 "not a regular file (it is a {}); point --config at a file",
-                crate::files::kind_of(&meta)
+                crate::base::files::kind_of(&meta)
             ))));
         }
         let mut text = String::new();

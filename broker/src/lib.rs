@@ -1,27 +1,14 @@
 //! credbroker: a credential broker for Kubernetes multi-cluster controllers. client-go runs
 //! `credbroker-shim` as a kubeconfig exec plugin; the shim asks this broker over a Unix
 //! socket; the broker answers from a per-identity cache filled by providers.
+//!
+//! The modules are layers, each importing only those below it (CONTRIBUTING.md's map, which
+//! a test holds against these imports): `base`, `config`, `request`, `providers`, `engine`,
+//! `grpc`.
 
-pub mod admin_service;
-pub mod broker;
-pub mod cache;
-pub mod caller;
-pub mod clock;
+pub mod base;
 pub mod config;
-pub mod conn;
-pub mod files;
-pub mod gate;
-pub mod metrics;
+pub mod engine;
+pub mod grpc;
 pub mod providers;
-pub mod ratelimit;
-pub mod rejections;
 pub mod request;
-pub mod review;
-pub mod server;
-pub mod socket;
-pub mod status;
-pub mod telemetry;
-pub mod text;
-pub mod token_service;
-pub mod values;
-pub mod wire;

@@ -116,7 +116,7 @@ fn run(command: Command) -> Result<(), String> {
             log_format,
         } => {
             init_logging(log_format);
-            match credbroker::conn::raise_fd_limit() {
+            match credbroker::base::conn::raise_fd_limit() {
                 Ok(limit) => {
                     tracing::debug!(limit, "open files limit (soft) raised to the hard limit")
                 }
@@ -135,14 +135,14 @@ fn run(command: Command) -> Result<(), String> {
                     socket.display()
                 ));
             }
-            let options = credbroker::server::ServeOptions {
+            let options = credbroker::grpc::server::ServeOptions {
                 config,
                 config_path,
                 socket,
             };
             let runtime = runtime()?;
             let served = runtime.block_on(async {
-                credbroker::server::serve(options, shutdown_signal())
+                credbroker::grpc::server::serve(options, shutdown_signal())
                     .await
                     .map_err(|e| e.to_string())
             });

@@ -6,13 +6,15 @@
 //! validated here once, read by providers through its parsed top-level members, handed to a
 //! plugin byte for byte and kept as that text in a [`StoredRequest`].
 
+pub mod caller;
+
 use serde_json::{Map, Number, Value};
 
 use credbroker_proto::v1;
 
-use crate::caller::CallerError;
+use crate::base::text::quote;
 use crate::config::LimitsConfig;
-use crate::text::quote;
+use crate::request::caller::CallerError;
 
 /// A validated `GetToken` request.
 #[derive(Debug, Clone, PartialEq)]
@@ -1017,7 +1019,7 @@ mod tests {
                 )),
                 "{json}: {e}"
             );
-            let status = tonic::Status::from(crate::broker::BrokerError::from(
+            let status = tonic::Status::from(crate::engine::broker::BrokerError::from(
                 ClusterConfig::parse(json.to_owned(), &limits).unwrap_err(),
             ));
             assert_eq!(status.code(), tonic::Code::InvalidArgument, "{json}");

@@ -118,7 +118,7 @@ fn escape_controls_within(text: &str, max: usize) -> (String, bool) {
 
 /// How much of the peer's text (`grpc-message`, or what a broken answer held) the error line
 /// shows, in bytes once its control characters are escaped: the broker cuts its own messages
-/// to this (`MAX_STATUS_MESSAGE_BYTES` in broker/src/status.rs) and escapes them, so its
+/// to this (`MAX_STATUS_MESSAGE_BYTES` in broker/src/grpc/status.rs) and escapes them, so its
 /// messages are shown whole; another server's 60 KB message is not copied onto the one line
 /// client-go puts in Kueue's log.
 const MAX_PEER_TEXT_BYTES: usize = 2048;

@@ -51,7 +51,7 @@ pub const RECEIVE_WINDOW: u32 = 1 << 20;
 const RECEIVE_BUDGET: i64 = (MAX_ANSWER_BYTES + 5 + FRAME_SIZE) as i64;
 
 /// PINGs answered in one call. The broker pings a quiet connection once a minute (its
-/// keepalive, `KEEPALIVE_INTERVAL` in broker/src/server.rs), so 128 is over two hours of
+/// keepalive, `KEEPALIVE_INTERVAL` in broker/src/grpc/server.rs), so 128 is over two hours of
 /// waiting on a slow upstream, far past the default 30 s `--timeout`; a peer past it is
 /// flooding the call, which would otherwise last until the deadline.
 pub const MAX_PINGS: usize = 128;

@@ -2431,8 +2431,9 @@ fn alerts_use_metrics_and_label_values_the_broker_exports() {
     }
     // Families without samples yet (stale serving, refresh failures need hours of token
     // lifetime to happen) print nothing: those names are checked against what
-    // broker/src/metrics.rs registers, with the suffixes the exposition adds.
-    let source = std::fs::read_to_string(repo().join("broker/src/metrics.rs")).expect("metrics.rs");
+    // broker/src/engine/metrics.rs registers, with the suffixes the exposition adds.
+    let source =
+        std::fs::read_to_string(repo().join("broker/src/engine/metrics.rs")).expect("metrics.rs");
     let registered: BTreeSet<String> = source
         .split("registry.register(")
         .skip(1)
@@ -2468,7 +2469,7 @@ fn alerts_use_metrics_and_label_values_the_broker_exports() {
             for name in &names {
                 assert!(
                     exported.contains(name) || is_registered(name),
-                    "{alert}: {name} is neither in the broker's /metrics ({exported:?}) nor registered in broker/src/metrics.rs ({registered:?})"
+                    "{alert}: {name} is neither in the broker's /metrics ({exported:?}) nor registered in broker/src/engine/metrics.rs ({registered:?})"
                 );
             }
             for (label, value) in matchers {
@@ -2481,9 +2482,9 @@ fn alerts_use_metrics_and_label_values_the_broker_exports() {
                         exposition.contains(&format!("outcome=\"{value}\"")),
                         "{alert}: outcome=\"{value}\" never appears in /metrics"
                     ),
-                    // Answer::label in broker/src/review.rs names the four values.
+                    // Answer::label in broker/src/engine/review.rs names the four values.
                     "answer" => assert!(
-                        std::fs::read_to_string(repo().join("broker/src/review.rs"))
+                        std::fs::read_to_string(repo().join("broker/src/engine/review.rs"))
                             .expect("review.rs")
                             .contains(&format!("=> \"{value}\",")),
                         "{alert}: answer=\"{value}\" is not an answer Answer::label gives"

@@ -10,8 +10,6 @@
 //!
 //! The cache key is region + cluster + role: each cluster needs its own token (the header
 //! is signed), while all clusters of one role share its credentials.
-
-pub mod config;
 mod creds;
 mod token;
 
@@ -29,16 +27,16 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_credential_types::provider::SharedCredentialsProvider;
 use aws_credential_types::provider::error::CredentialsError;
 
-use crate::values::ProviderKind;
+use crate::config::values::ProviderKind;
 
-use self::config::{AwsStsEndpoint, Config as AwsConfig};
+use crate::config::providers::aws::{AwsStsEndpoint, Config as AwsConfig};
 use crate::request::TokenRequest;
 
 use super::upstream::{self, CertEnv};
 use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 use creds::{Failure, HeldCredentials};
 
-pub use self::config::DEFAULT_SESSION_NAME;
+pub use crate::config::providers::aws::DEFAULT_SESSION_NAME;
 /// EKS cluster names are at most 100 characters and local-cluster ids are UUIDs; anything
 /// this long is not a cluster.
 const MAX_CLUSTER_ID_LEN: usize = 255;

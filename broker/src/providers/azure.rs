@@ -39,9 +39,9 @@ use azure_identity::{
 };
 use tokio::sync::OnceCell;
 
-use crate::values::ProviderKind;
+use crate::config::values::ProviderKind;
 
-use self::config::{AzureCredential, Config as AzureConfig};
+use crate::config::providers::azure::{AzureCredential, Config as AzureConfig};
 use crate::request::TokenRequest;
 
 use super::upstream::{self, Route};
@@ -49,11 +49,10 @@ use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 
 mod aadsts;
 mod certificate;
-pub mod config;
 #[cfg(test)]
 mod tests;
 
-pub use self::config::AKS_SERVER_ID;
+pub use crate::config::providers::azure::AKS_SERVER_ID;
 /// Entra ID in the public cloud (what azure_identity uses without `AZURE_AUTHORITY_HOST`).
 pub const PUBLIC_AUTHORITY_HOST: &str = "https://login.microsoftonline.com";
 /// The Azure Instance Metadata Service token endpoint (fixed, link-local, on every Azure VM).

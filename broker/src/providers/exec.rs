@@ -11,10 +11,10 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::process::{Child, Command};
 
+use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
-use crate::values::ProviderKind;
 
-use self::config::{Config as ExecConfig, DEFAULT_EXEC_PASS_ENV};
+use crate::config::providers::exec::{Config as ExecConfig, DEFAULT_EXEC_PASS_ENV};
 
 use super::{BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Resolved, Secret};
 
@@ -293,7 +293,7 @@ fn first_lines(stderr: &[u8]) -> String {
         .filter(|l| !l.is_empty())
         .take(STDERR_LINES)
         // Plugin text: no ESC, CR or other control character reaches a log or the shim.
-        .map(|l| crate::text::one_line(l, STDERR_LINE_CHARS))
+        .map(|l| crate::base::text::one_line(l, STDERR_LINE_CHARS))
         .collect();
     if lines.is_empty() {
         "(no output on stderr)".to_owned()
@@ -332,8 +332,6 @@ pub fn parse_exec_credential(
         source_version: None,
     })
 }
-
-pub mod config;
 
 #[cfg(test)]
 mod tests;

@@ -5,8 +5,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
+use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
-use crate::values::ProviderKind;
 
 use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 
@@ -129,7 +129,7 @@ impl Provider for FakeProvider {
                     .unwrap_or_else(|| format!("fake-{identity}-{n}")),
                 behaviour
                     .expires_at
-                    .unwrap_or_else(|| crate::clock::wall_now() + behaviour.ttl),
+                    .unwrap_or_else(|| crate::base::clock::wall_now() + behaviour.ttl),
             ))
         })
     }

@@ -2,16 +2,14 @@
 //! or a Secret mounted as a volume). The file is checked on every hit with one `stat`, so a
 //! rotated token is served as soon as it lands.
 
+use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
-use crate::values::ProviderKind;
 use std::hash::{DefaultHasher, Hash as _, Hasher as _};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
-use self::config::Config as FileConfig;
 use super::{BoxFuture, Credential, Provider, ProviderError, Resolved, jwt};
-
-pub mod config;
+use crate::config::providers::file::Config as FileConfig;
 
 /// A token file holds one token; anything this large is not one.
 const MAX_TOKEN_BYTES: u64 = 1024 * 1024;
@@ -81,7 +79,7 @@ async fn read_bounded(path: &Path) -> Result<(std::fs::Metadata, Vec<u8>), Provi
     // writer; it changes nothing for a regular file. O_NOCTTY: a terminal never becomes ours.
     let file = tokio::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(crate::files::OPEN_FLAGS)
+        .custom_flags(crate::base::files::OPEN_FLAGS)
         .open(path)
         .await
         .map_err(io_error)?;
@@ -89,7 +87,7 @@ async fn read_bounded(path: &Path) -> Result<(std::fs::Metadata, Vec<u8>), Provi
     if !meta.is_file() {
         return Err(ProviderError::Unavailable(format!(
             "token file {shown} is not a regular file (it is a {}); point the path at a file",
-            crate::files::kind_of(&meta)
+            crate::base::files::kind_of(&meta)
         )));
     }
     if meta.len() > MAX_TOKEN_BYTES {
@@ -166,9 +164,9 @@ mod tests {
     use std::time::{Duration, SystemTime};
 
     use super::*;
+    use crate::config::values::ConfigDuration;
     use crate::providers::{CredentialSecret, ProviderTestExt as _};
     use crate::request::ClusterInfo;
-    use crate::values::ConfigDuration;
 
     fn provider(template: String) -> FileProvider {
         FileProvider::new(FileConfig {
@@ -337,7 +335,7 @@ mod tests {
     /// file with nothing held is a clear error.
     #[tokio::test]
     async fn a_file_rewritten_in_place_is_served_through_and_read_again_at_once() {
-        use crate::cache::{Ask, Cache, CacheSettings, Outcome};
+        use crate::engine::cache::{Ask, Cache, CacheSettings, Outcome};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a");
         let provider: std::sync::Arc<dyn Provider> = std::sync::Arc::new(provider(
@@ -352,7 +350,7 @@ mod tests {
         });
         let req = req("a");
         let target = provider.resolve(&req).unwrap();
-        let token = |s: &crate::cache::Served| match &s.credential.secret {
+        let token = |s: &crate::engine::cache::Served| match &s.credential.secret {
             CredentialSecret::Token(t) => t.expose().to_owned(),
             CredentialSecret::ClientCertificate { .. } => panic!("a token"),
         };

@@ -46,14 +46,12 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use crate::values::ProviderKind;
+use crate::config::values::ProviderKind;
 
-use self::config::Config as GcpConfig;
+use crate::config::providers::gcp::Config as GcpConfig;
 use crate::request::TokenRequest;
 
 use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
-
-pub mod config;
 mod http;
 mod library;
 mod sa_key;

@@ -26,10 +26,12 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::Value;
 
+use crate::config::values::{
+    ProviderKind, TemplatePart, is_dns_subdomain, is_secret_key, template_parts,
+};
 use crate::request::TokenRequest;
-use crate::values::{ProviderKind, TemplatePart, is_dns_subdomain, is_secret_key, template_parts};
 
-use self::config::{Config as KubernetesSecretConfig, SecretFormat};
+use crate::config::providers::kubernetes_secret::{Config as KubernetesSecretConfig, SecretFormat};
 
 use super::{
     BoxFuture, Credential, CredentialSecret, Provider, ProviderError, Resolved, Secret as Hidden,
@@ -190,7 +192,7 @@ impl KubernetesSecretProvider {
         if !status.connected {
             tracing::warn!(
                 provider = %self.name,
-                secret = crate::text::quote(&format!("{namespace}/{}", target.name)).as_str(),
+                secret = crate::base::text::quote(&format!("{namespace}/{}", target.name)).as_str(),
                 error = status.error.as_deref().unwrap_or(""),
                 "serving a Secret from the last state seen: the watch on the API server is down"
             );
@@ -848,7 +850,5 @@ fn certificate_not_after(pem: &str) -> Result<SystemTime, String> {
     let secs = u64::try_from(secs).map_err(|_| "notAfter is before 1970".to_owned())?;
     Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
 }
-
-pub mod config;
 #[cfg(test)]
 mod tests;

@@ -10,47 +10,26 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::config::values::ProviderKind;
 use crate::config::{ProviderConfig, ProviderSpec};
 use crate::request::TokenRequest;
-use crate::values::ProviderKind;
 
-// A type behind a Cargo feature is a whole module when the feature is on; when it is off, its
-// module holds only its `config` (serde only), so a slim build still parses and explains an
+// A type behind a Cargo feature is built only with the feature; its section
+// (`crate::config::providers`) is in every build, so a slim build still parses and explains an
 // entry of that type and serves it with [`unbuilt::Unbuilt`].
 #[cfg(feature = "aws")]
 pub mod aws;
-#[cfg(not(feature = "aws"))]
-pub mod aws {
-    //! `type: aws` is not in this build (Cargo feature `aws`): its section only.
-    pub mod config;
-}
 #[cfg(feature = "azure")]
 pub mod azure;
-#[cfg(not(feature = "azure"))]
-pub mod azure {
-    //! `type: azure` is not in this build (Cargo feature `azure`): its section only.
-    pub mod config;
-}
 pub mod exec;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod file;
 #[cfg(feature = "gcp")]
 pub mod gcp;
-#[cfg(not(feature = "gcp"))]
-pub mod gcp {
-    //! `type: gcp` is not in this build (Cargo feature `gcp`): its section only.
-    pub mod config;
-}
 pub mod jwt;
 #[cfg(feature = "kubernetes-secret")]
 pub mod kubernetes_secret;
-#[cfg(not(feature = "kubernetes-secret"))]
-pub mod kubernetes_secret {
-    //! `type: kubernetesSecret` is not in this build (Cargo feature `kubernetes-secret`): its
-    //! section only.
-    pub mod config;
-}
 pub mod overrides;
 pub mod unbuilt;
 /// Always built (its error-chain printer has no dependency); its trust roots and HTTP client

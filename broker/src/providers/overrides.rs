@@ -17,10 +17,10 @@
 //! This module works from the config alone (not the built provider), so the rule is the same
 //! for every type, compiled in or not.
 
+use crate::base::text::quote;
+pub use crate::config::values::{Selector, SelectorKey};
 use crate::config::{ProviderConfig, ProviderSpec};
 use crate::request::TokenRequest;
-use crate::text::quote;
-pub use crate::values::{Selector, SelectorKey};
 
 /// The selector keys of one provider entry ([`ProviderSpec::selector_keys`]).
 pub fn selector_keys(config: &ProviderConfig) -> Vec<Selector> {

@@ -2,8 +2,8 @@
 //! is still accepted and validated, and every request gets a clear UNIMPLEMENTED error
 //! instead of the broker refusing to start.
 
+use crate::config::values::ProviderKind;
 use crate::request::TokenRequest;
-use crate::values::ProviderKind;
 
 use super::{BoxFuture, Credential, Provider, ProviderError, Resolved};
 

@@ -1,5 +1,5 @@
 //! One way to reach an upstream, for every provider that calls one over HTTPS (aws, gcp,
-//! azure), for the re-ask check that asks a cluster's API server ([`crate::review`], which
+//! azure), for the re-ask check that asks a cluster's API server ([`crate::engine::review`], which
 //! takes the trust roots from here when a request brings no CA data), or that reports a
 //! library's error (kubernetesSecret and `credbroker health` too):
 //!

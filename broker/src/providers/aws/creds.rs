@@ -110,9 +110,10 @@ impl HeldCredentials {
                     && held.as_ref().is_some_and(|h| usable(&h.creds, now));
                 if keep && let Some(h) = held.as_ref() {
                     tracing::warn!(
-                        error =
-                            crate::text::quote(&crate::providers::upstream::error_chain(&error))
-                                .as_str(),
+                        error = crate::base::text::quote(&crate::providers::upstream::error_chain(
+                            &error
+                        ))
+                        .as_str(),
                         "renewing AWS credentials failed; signing with the held ones until they expire"
                     );
                     return Ok(h.creds.clone());

@@ -13,7 +13,7 @@ use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 use base64::Engine as _;
 
-use super::config::AwsStsEndpoint;
+use crate::config::providers::aws::AwsStsEndpoint;
 
 /// What aws-iam-authenticator looks for in front of the base64 URL.
 pub const TOKEN_PREFIX: &str = "k8s-aws-v1.";
@@ -81,7 +81,7 @@ pub fn region_from_server(server: &str) -> Option<String> {
         .strip_suffix(".eks.amazonaws.com")
         .or_else(|| host.strip_suffix(".eks.amazonaws.com.cn"))?;
     let region = before.rsplit('.').next()?;
-    super::config::Config::check_region(region)
+    crate::config::providers::aws::Config::check_region(region)
         .ok()
         .map(|()| region.to_owned())
 }

@@ -5,11 +5,11 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use super::config::{EXEC_API_V1, EXEC_API_V1BETA1};
 use super::*;
+use crate::config::providers::exec::{EXEC_API_V1, EXEC_API_V1BETA1};
+use crate::config::values::ConfigDuration;
 use crate::providers::ProviderTestExt as _;
 use crate::request::ClusterInfo;
-use crate::values::ConfigDuration;
 use credbroker_execcred::parse_rfc3339;
 use serde_json::json;
 

@@ -1,0 +1,185 @@
+//! The table of entries: every entry filed under what it holds ([`Class`]), how many of each
+//! class and what they weigh together, kept in step under one lock, and the evictions that
+//! keep `cache.maxEntries`, [`MAX_REMEMBERED_FAILURES`] and `cache.maxBytes`. Lock order: the
+//! table, then an entry; never an entry, then the table.
+
+use std::collections::HashMap;
+use std::sync::{Arc, MutexGuard, PoisonError};
+
+use tokio::time::Instant;
+
+use super::entry::{Class, Slot};
+use super::{CacheKey, Inner, MAX_REMEMBERED_FAILURES};
+use crate::base::gate::Gate;
+
+pub(super) struct Placed {
+    pub(super) class: Class,
+    pub(super) slot: Arc<Slot>,
+    /// [`State::weight`] when last weighed.
+    pub(super) weight: usize,
+}
+
+/// Every entry, and how many of each class, kept in step under one lock.
+#[derive(Default)]
+pub(super) struct Table {
+    pub(super) slots: HashMap<CacheKey, Placed>,
+    pub(super) counts: [usize; Class::ALL],
+    /// The sum of the entries' weights.
+    pub(super) bytes: usize,
+}
+
+impl Table {
+    pub(super) fn remove(&mut self, key: &CacheKey) -> Option<Placed> {
+        let placed = self.slots.remove(key)?;
+        self.counts[placed.class.index()] -= 1;
+        self.bytes -= placed.weight;
+        Some(placed)
+    }
+
+    /// Weighs the entry at `key` again.
+    pub(super) fn reweigh(&mut self, key: &CacheKey, weight: usize) {
+        if let Some(placed) = self.slots.get_mut(key) {
+            self.bytes = self.bytes - placed.weight + weight;
+            placed.weight = weight;
+        }
+    }
+
+    /// Makes room under `cache.maxBytes`: forgets remembered failures, then drops credentials
+    /// that can no longer be served, then the least recently used ones; never an entry that is
+    /// fetching (its callers wait on it) and never `keep` (what just came in).
+    pub(super) fn evict_bytes(&mut self, max: u64, keep: Option<&CacheKey>, now: Instant) {
+        while u64::try_from(self.bytes).unwrap_or(u64::MAX) > max {
+            let victim = self
+                .slots
+                .iter()
+                .filter(|(key, placed)| placed.class != Class::Pending && Some(*key) != keep)
+                .filter_map(|(key, placed)| {
+                    let st = placed.slot.lock();
+                    let servable = st.current.as_ref().is_some_and(|f| f.servable(now));
+                    st.inflight
+                        .is_none()
+                        .then(|| ((placed.class == Class::Held, servable, st.last_access), key))
+                })
+                .min_by_key(|(rank, _)| *rank)
+                .map(|(_, key)| key.clone());
+            let Some(victim) = victim else { return };
+            self.remove(&victim);
+        }
+    }
+
+    /// Makes room after a credential came in: drops the least recently used entry that holds
+    /// one and is not fetching, those that can no longer be served first. Never `keep`.
+    pub(super) fn evict_held(&mut self, max: u64, keep: &CacheKey, now: Instant) {
+        while u64::try_from(self.counts[Class::Held.index()]).unwrap_or(u64::MAX) > max {
+            let victim = self
+                .slots
+                .iter()
+                .filter(|(key, placed)| placed.class == Class::Held && *key != keep)
+                .filter_map(|(key, placed)| {
+                    let st = placed.slot.lock();
+                    let servable = st.current.as_ref().is_some_and(|f| f.servable(now));
+                    st.inflight
+                        .is_none()
+                        .then(|| ((servable, st.last_access), key))
+                })
+                .min_by_key(|(rank, _)| *rank)
+                .map(|(_, key)| key.clone());
+            let Some(victim) = victim else { return };
+            self.remove(&victim);
+        }
+    }
+
+    /// Forgets the least recently asked quarter of the remembered failures once there are
+    /// more than [`MAX_REMEMBERED_FAILURES`] (a batch, so a flood of failures costs one scan
+    /// per quarter of the bound).
+    pub(super) fn evict_failed(&mut self) {
+        if self.counts[Class::Failed.index()] <= MAX_REMEMBERED_FAILURES {
+            return;
+        }
+        let mut failed: Vec<(Option<Instant>, CacheKey)> = self
+            .slots
+            .iter()
+            .filter(|(_, placed)| placed.class == Class::Failed)
+            .filter_map(|(key, placed)| {
+                let st = placed.slot.lock();
+                st.inflight.is_none().then(|| (st.last_access, key.clone()))
+            })
+            .collect();
+        failed.sort_unstable_by_key(|(at, _)| *at);
+        let excess = self.counts[Class::Failed.index()] - MAX_REMEMBERED_FAILURES * 3 / 4;
+        for (_, key) in failed.into_iter().take(excess) {
+            self.remove(&key);
+        }
+    }
+}
+
+impl Inner {
+    pub(super) fn table(&self) -> MutexGuard<'_, Table> {
+        // Every operation leaves the table consistent before it can panic (the counts are
+        // updated with the map), so keep serving.
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The entry for `key` and its class, if any.
+    pub(super) fn slot(&self, key: &CacheKey) -> Option<(Arc<Slot>, Class)> {
+        let table = self.table();
+        let placed = table.slots.get(key)?;
+        Some((Arc::clone(&placed.slot), placed.class))
+    }
+
+    /// The entry for `key`, created empty (its first fetch is about to start) if missing.
+    pub(super) fn slot_for(&self, key: &CacheKey) -> (Arc<Slot>, Class) {
+        let mut table = self.table();
+        if let Some(placed) = table.slots.get(key) {
+            return (Arc::clone(&placed.slot), placed.class);
+        }
+        let slot = Arc::new(Slot::default());
+        let weight = slot.lock().weight(key);
+        table.counts[Class::Pending.index()] += 1;
+        table.bytes += weight;
+        table.slots.insert(
+            key.clone(),
+            Placed {
+                class: Class::Pending,
+                slot: Arc::clone(&slot),
+                weight,
+            },
+        );
+        (slot, Class::Pending)
+    }
+
+    /// Files the entry under what it now holds, then applies the bounds. A slot that has
+    /// meanwhile been dropped or replaced (invalidated, evicted) is left alone.
+    pub(super) fn reclassify(&self, key: &CacheKey, slot: &Arc<Slot>) {
+        let mut table = self.table();
+        let Some(placed) = table.slots.get_mut(key) else {
+            return;
+        };
+        if !Arc::ptr_eq(&placed.slot, slot) {
+            return;
+        }
+        let (was, now, weight) = {
+            let st = slot.lock();
+            (placed.class, st.class(), st.weight(key))
+        };
+        placed.class = now;
+        table.counts[was.index()] -= 1;
+        table.counts[now.index()] += 1;
+        table.reweigh(key, weight);
+        let at = Instant::now();
+        if now == Class::Held {
+            table.evict_held(self.settings.max_entries, key, at);
+        }
+        table.evict_failed();
+        table.evict_bytes(self.settings.max_bytes, Some(key), at);
+    }
+
+    /// The provider's gate, created with `maxConcurrentFetches` permits on first use.
+    pub(super) fn gate(&self, provider: &Arc<str>) -> Gate {
+        let mut gates = self.gates.lock().unwrap_or_else(PoisonError::into_inner);
+        gates
+            .entry(Arc::clone(provider))
+            .or_insert_with(|| Gate::new(self.settings.max_concurrent_fetches))
+            .clone()
+    }
+}

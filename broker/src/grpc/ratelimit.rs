@@ -1,0 +1,295 @@
+//! A per-caller token bucket in front of the token and admin services: one runaway
+//! client (a controller stuck in a re-auth loop) cannot starve the others, while probes
+//! always get through.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::time::Instant;
+
+use crate::config::RateLimitConfig;
+use crate::engine::broker::BrokerError;
+use crate::request::caller;
+
+/// Never limited: health (a throttled probe would restart a healthy broker) and reflection
+/// (operators' grpcurl must work while a runaway caller is being throttled). Neither ever
+/// reaches upstream.
+const EXEMPT_PREFIXES: [&str; 3] = [
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1.ServerReflection/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+];
+/// Callers whose uid the socket could not tell share one bucket.
+const UNKNOWN_CALLER: u32 = u32::MAX;
+/// A refused caller is logged once, then at most once per this interval with the number of
+/// calls refused since: a runaway loop makes tens of thousands of calls a second, which
+/// must not become as many log lines; 10 s is short enough to see it stop.
+pub const REFUSAL_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+pub struct RateLimitLayer {
+    limiter: Arc<Limiter>,
+    refused: Counter,
+}
+
+impl RateLimitLayer {
+    /// `refused` counts the calls the limit refuses (`credbroker_rate_limited_total`).
+    pub fn new(config: &RateLimitConfig, refused: Counter) -> Self {
+        Self {
+            limiter: Arc::new(Limiter::new(config)),
+            refused,
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            limiter: self.limiter.clone(),
+            refused: self.refused.clone(),
+        }
+    }
+}
+
+/// The buckets, one per caller uid. Their number is bounded by the uids that can open the
+/// socket (a handful in a pod).
+#[derive(Debug)]
+pub struct Limiter {
+    /// As configured, for the refusal's message.
+    config: RateLimitConfig,
+    per_second: f64,
+    burst: f64,
+    buckets: Mutex<HashMap<u32, Bucket>>,
+    log: RefusalLog,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    updated: Instant,
+}
+
+/// Refusals of one kind, per caller uid: the first is logged at once, later ones summed up at
+/// most once per [`REFUSAL_LOG_INTERVAL`] (on the next call, refused or not, once it has
+/// passed). The one rule for every per-call refusal a caller can repeat at will (the rate
+/// limit, the socket's allow lists), so that a loop never becomes as many log lines.
+#[derive(Debug, Default)]
+pub struct RefusalLog {
+    /// When a refusal of this caller was last logged, and how many were not logged since.
+    callers: Mutex<HashMap<u32, (Option<Instant>, u64)>>,
+}
+
+impl RefusalLog {
+    /// Notes a call of `uid`, refused or not; says how many refusals to log now.
+    pub fn note(&self, uid: u32, refused: bool) -> Option<u64> {
+        let now = Instant::now();
+        let mut callers = self.callers.lock().unwrap_or_else(PoisonError::into_inner);
+        if !refused && !callers.contains_key(&uid) {
+            return None;
+        }
+        let (logged, unlogged) = callers.entry(uid).or_insert((None, 0));
+        if refused {
+            *unlogged += 1;
+        }
+        let due = logged.is_none_or(|at| now.saturating_duration_since(at) >= REFUSAL_LOG_INTERVAL);
+        (*unlogged > 0 && due).then(|| {
+            *logged = Some(now);
+            std::mem::take(unlogged)
+        })
+    }
+}
+
+/// What [`Limiter::check`] decided, and whether to log refusals now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// Log a line now for this many refused calls (this one included, when refused).
+    pub report: Option<u64>,
+}
+
+impl Limiter {
+    pub fn new(config: &RateLimitConfig) -> Self {
+        Self {
+            config: config.clone(),
+            per_second: f64::from(config.per_second),
+            burst: f64::from(config.burst),
+            buckets: Mutex::new(HashMap::new()),
+            log: RefusalLog::default(),
+        }
+    }
+
+    /// Takes one token from `uid`'s bucket; false when it is empty.
+    pub fn allow(&self, uid: u32) -> bool {
+        self.check(uid).allowed
+    }
+
+    /// Takes one token from `uid`'s bucket, and says when refusals are due for a log line:
+    /// the first refusal at once, later ones summed up at most once per
+    /// [`REFUSAL_LOG_INTERVAL`] (on the next call, refused or not, once it has passed).
+    pub fn check(&self, uid: u32) -> Decision {
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        let bucket = buckets.entry(uid).or_insert(Bucket {
+            tokens: self.burst,
+            updated: now,
+        });
+        let refill = now.saturating_duration_since(bucket.updated).as_secs_f64() * self.per_second;
+        bucket.tokens = (bucket.tokens + refill).min(self.burst);
+        bucket.updated = now;
+        let allowed = bucket.tokens >= 1.0;
+        if allowed {
+            bucket.tokens -= 1.0;
+        }
+        drop(buckets);
+        let report = self.log.note(uid, !allowed);
+        Decision { allowed, report }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    limiter: Arc<Limiter>,
+    refused: Counter,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for RateLimit<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        futures_util::future::Either<S::Future, std::future::Ready<Result<S::Response, S::Error>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if EXEMPT_PREFIXES
+            .iter()
+            .any(|p| req.uri().path().starts_with(p))
+        {
+            return futures_util::future::Either::Left(self.inner.call(req));
+        }
+        let uid = caller::peer(req.extensions()).uid.unwrap_or(UNKNOWN_CALLER);
+        let decision = self.limiter.check(uid);
+        if let Some(refused) = decision.report {
+            tracing::warn!(
+                uid,
+                refused,
+                "rate limit exceeded: {refused} call(s) refused; further refusals of this caller are summed up every {}s",
+                REFUSAL_LOG_INTERVAL.as_secs()
+            );
+        }
+        if decision.allowed {
+            return futures_util::future::Either::Left(self.inner.call(req));
+        }
+        self.refused.inc();
+        let status = tonic::Status::from(BrokerError::RateLimited {
+            uid,
+            per_second: self.limiter.config.per_second,
+            burst: self.limiter.config.burst,
+        });
+        futures_util::future::Either::Right(std::future::ready(Ok(status.into_http())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn bursts_are_cut_and_the_bucket_refills() {
+        let limiter = Limiter::new(&RateLimitConfig {
+            per_second: 10,
+            burst: 5,
+        });
+        assert!((0..5).all(|_| limiter.allow(1)));
+        assert!(
+            !limiter.allow(1),
+            "the sixth call in the same instant is refused"
+        );
+        assert!(limiter.allow(2), "other callers have their own bucket");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(limiter.allow(1), "one token back after 1/10 s");
+        assert!(!limiter.allow(1));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(
+            (0..10).filter(|_| limiter.allow(1)).count(),
+            5,
+            "refill stops at the burst"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_are_logged_once_per_interval_per_caller() {
+        let limiter = Limiter::new(&RateLimitConfig {
+            per_second: 1,
+            burst: 1,
+        });
+        assert_eq!(
+            limiter.check(1),
+            Decision {
+                allowed: true,
+                report: None
+            }
+        );
+        // The first refusal is reported at once, the next 999 within the interval are not.
+        assert_eq!(limiter.check(1).report, Some(1));
+        let reports: Vec<u64> = (0..999).filter_map(|_| limiter.check(1).report).collect();
+        assert!(reports.is_empty(), "{reports:?}");
+        assert_eq!(
+            limiter.check(2).report,
+            None,
+            "another caller has its own count"
+        );
+        assert_eq!(limiter.check(2).report, Some(1));
+        // Once the interval has passed, the next call (allowed, here) reports the rest.
+        tokio::time::advance(REFUSAL_LOG_INTERVAL).await;
+        let next = limiter.check(1);
+        assert_eq!(
+            next,
+            Decision {
+                allowed: true,
+                report: Some(999)
+            }
+        );
+        assert_eq!(
+            limiter.check(1).report,
+            None,
+            "nothing left, nothing logged"
+        );
+        tokio::time::advance(REFUSAL_LOG_INTERVAL / 2).await;
+        assert!(limiter.check(1).allowed);
+        assert_eq!(
+            limiter.check(1),
+            Decision {
+                allowed: false,
+                report: None
+            },
+            "within the interval: counted, not logged"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_polite_caller_is_never_refused() {
+        let limiter = Limiter::new(&RateLimitConfig {
+            per_second: 10,
+            burst: 5,
+        });
+        for _ in 0..1000 {
+            assert!(limiter.allow(7));
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+    }
+}
