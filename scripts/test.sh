@@ -44,6 +44,25 @@ cargo auditable --version >/dev/null 2>&1 || die "cargo-auditable could not be i
 # jq: docs/operations.md's ListEntries paging recipe runs as written (tests/tests/hostile_requests.rs).
 have jq || apt_install jq
 have jq || die "jq is missing and could not be installed"
+# promtool checks deploy/'s alert rules and unit-tests them on series scraped from a running
+# broker (tests/tests/alerts.rs). Only that binary, taken from Debian's prometheus package:
+# installing the package would run its maintainer scripts (a system user, and a Prometheus
+# server started wherever an init system answers, which a fresh machine without systemd may
+# or may not have) and pull a dozen JavaScript packages and node-exporter that no test needs.
+promtool_install() {
+    [ "$(id -u)" = 0 ] || die "need root to install promtool into /usr/local/bin"
+    if [ -z "$apt_updated" ]; then apt-get update -qq || true; apt_updated=1; fi
+    local deb
+    deb=$(mktemp -d) &&
+        (cd "$deb" && apt-get download -qq -o APT::Sandbox::User=root prometheus) &&
+        dpkg-deb --fsys-tarfile "$deb"/prometheus_*.deb | tar -xO ./usr/bin/promtool >"$deb/promtool" &&
+        install -m 0755 "$deb/promtool" /usr/local/bin/promtool
+    local status=$?
+    rm -rf "$deb"
+    return "$status"
+}
+have promtool || promtool_install || true
+have promtool || die "promtool (from Debian's prometheus package) is missing and could not be installed"
 # readelf proves the binaries are static; chroot and unshare run the shim in an empty root.
 have readelf || apt_install binutils
 have readelf || die "readelf (binutils) is missing and could not be installed"
@@ -84,7 +103,7 @@ have ip || die "ip (iproute2) is missing and could not be installed"
 # qemu-user runs the arm64 binaries' tests on this machine (tests/src/arch.rs).
 have qemu-aarch64-static || apt_install qemu-user-static
 have qemu-aarch64-static || die "qemu-aarch64-static (qemu-user-static) is missing and could not be installed"
-printf 'kubectl: %s\ngrpcurl: %s\n' "$(kubectl version --client 2>/dev/null | head -1)" "$(grpcurl -version 2>&1)"
+printf 'kubectl: %s\ngrpcurl: %s\npromtool: %s\n' "$(kubectl version --client 2>/dev/null | head -1)" "$(grpcurl -version 2>&1)" "$(promtool --version 2>&1 | head -1)"
 # Kueue's own manifests (its config/default at the versions e2e/ verifies) and the real-cluster
 # peers, from the Go module proxy into ~/.cache/credbroker-e2e (e2e/README.md): the deploy and
 # docs tests render every overlay over Kueue's real manifests, so this runs before cargo test.

@@ -16,7 +16,7 @@
 //! - [`fakes`]: [`FakeHttps`] and the upstreams on it (STS, GCE metadata and Google OAuth,
 //!   Entra ID, a Kubernetes API server), and [`fakes::kube_api`] (list and watch of Secrets);
 //! - [`doc_blocks`]: the fenced blocks of README.md and docs/, by kind (docs are tested);
-//! - [`alerts`]: the deploy's alert rules evaluated against two `/metrics` scrapes;
+//! - [`alerts`]: the deploy's alert rules run by `promtool` on series scraped from `/metrics`;
 //! - [`arch`]: the arm64 build of both binaries and qemu wrappers that run it here;
 //! - [`kueue`]: Kueue's own manifests (e2e/peers.sh), which the deploy and docs tests render
 //!   `deploy/` over.
@@ -37,7 +37,6 @@ pub mod plugins;
 pub mod process;
 pub mod shim;
 
-pub use alerts::IncreaseAlert;
 pub use broker::*;
 pub use fakes::apiserver::{FAKE_SERVER_MINOR, FakeApiServer, SeenRequest};
 pub use fakes::{FakeHttps, Reply, Seen, parse_form, serve_tls, tls_config};
