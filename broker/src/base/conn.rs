@@ -9,7 +9,9 @@
 //! comes (HEADERS, then nothing) holds its connection no more than an idle one does, and its
 //! body gets [`BODY_DEADLINE`]. The server also caps the streams of one connection
 //! ([`MAX_STREAMS_PER_CONNECTION`]) and keeps connections from peers it would refuse in a pool
-//! of their own ([`REFUSED_CONNECTIONS`]), so they never take a real caller's place.
+//! of their own ([`REFUSED_CONNECTIONS`]), so they never take a real caller's place; past a
+//! few a second ([`RefusedGate`]) it holds them unread for a second and closes them, so a
+//! refused peer reconnecting in a loop costs it almost no CPU.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -57,6 +59,21 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 16;
 /// misconfigured caller to read its `PERMISSION_DENIED`, too few to matter however many such
 /// connections are opened.
 pub const REFUSED_CONNECTIONS: usize = 8;
+/// Connections from refused peers served over HTTP/2 per second, all such peers together.
+/// A misconfigured caller reads its `PERMISSION_DENIED`: a Kueue whose uid is not allowed runs
+/// the shim once per cluster it reconnects, a few a second in a loop, and a burst of a hundred
+/// is served at once. A refused uid reconnecting in a loop (the hostile benchmark's `stall`
+/// attacker opened 30 000 a second) costs the broker an accept and a close per connection past
+/// it, instead of a handshake and up to [`MAX_STREAMS_PER_CONNECTION`] answered streams: 48 µs
+/// of the broker's CPU each, measured (BENCHMARKS.md), so 100 a second is 0.5 % of a core.
+pub const REFUSED_SERVED_PER_SECOND: u32 = 100;
+/// A refused peer's connection past [`REFUSED_SERVED_PER_SECOND`] is held unread for this
+/// long, then closed: a client reconnecting in a loop waits a second per connection instead of
+/// spinning, so its reconnections are bounded by how many it holds at once.
+pub const REFUSED_HOLD: Duration = Duration::from_secs(1);
+/// Connections held unread at once ([`REFUSED_HOLD`]); past it a new one is closed at once.
+/// Each is a descriptor and a timer: 64 are nothing beside `socket.maxConnections`.
+pub const REFUSED_HELD: usize = 64;
 
 /// HTTP/2's client preface (RFC 9113 §3.4), then a 9-byte frame header.
 const PREFACE_LEN: usize = 24;
@@ -191,6 +208,110 @@ impl CapLog {
         );
         *state = (Some(now), 0, 0);
         true
+    }
+}
+
+/// What the accept loop does with a connection from a peer it would refuse, past the small
+/// pool served over HTTP/2 ([`REFUSED_CONNECTIONS`]): serve it while the second's budget
+/// lasts ([`REFUSED_SERVED_PER_SECOND`]), else hold it unread ([`REFUSED_HOLD`],
+/// [`REFUSED_HELD`]) and close it.
+#[derive(Debug, Clone)]
+pub struct RefusedGate {
+    shared: Arc<RefusedShared>,
+}
+
+#[derive(Debug)]
+struct RefusedShared {
+    /// The current second's start and the connections served in it.
+    budget: Mutex<(Option<Instant>, u32)>,
+    held: AtomicUsize,
+    /// The last log line, and connections held and closed since.
+    log: Mutex<(Option<Instant>, u64, u64)>,
+}
+
+impl Default for RefusedGate {
+    fn default() -> Self {
+        Self {
+            shared: Arc::new(RefusedShared {
+                budget: Mutex::new((None, 0)),
+                held: AtomicUsize::new(0),
+                log: Mutex::new((None, 0, 0)),
+            }),
+        }
+    }
+}
+
+impl RefusedGate {
+    /// Whether this refused connection is served (answered `PERMISSION_DENIED`): one of the
+    /// [`REFUSED_SERVED_PER_SECOND`] of the current second.
+    pub fn may_serve(&self) -> bool {
+        let now = Instant::now();
+        let mut budget = self
+            .shared
+            .budget
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (second, served) = &mut *budget;
+        if second.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1)) {
+            *budget = (Some(now), 1);
+            return true;
+        }
+        if *served < REFUSED_SERVED_PER_SECOND {
+            *served += 1;
+            return true;
+        }
+        false
+    }
+
+    /// Holds `stream` unread for [`REFUSED_HOLD`], then closes it; closes it at once when
+    /// [`REFUSED_HELD`] are held already. Needs a tokio runtime (the hold is a timer).
+    pub fn hold<S: Send + 'static>(&self, stream: S) {
+        let shared = &self.shared;
+        let held = shared.held.fetch_add(1, Ordering::AcqRel) < REFUSED_HELD;
+        self.log(held);
+        if !held {
+            shared.held.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        let shared = Arc::clone(shared);
+        tokio::spawn(async move {
+            tokio::time::sleep(REFUSED_HOLD).await;
+            drop(stream);
+            shared.held.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+
+    /// Connections held now.
+    pub fn held(&self) -> usize {
+        self.shared.held.load(Ordering::Acquire)
+    }
+
+    /// Counts one connection held or closed at once, and logs at most once per
+    /// [`CAP_LOG_INTERVAL`] with the counts since the last line.
+    fn log(&self, held: bool) {
+        let mut state = self
+            .shared
+            .log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (last, held_count, closed) = &mut *state;
+        if held {
+            *held_count += 1;
+        } else {
+            *closed += 1;
+        }
+        let now = Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < CAP_LOG_INTERVAL) {
+            return;
+        }
+        tracing::warn!(
+            served_per_second = REFUSED_SERVED_PER_SECOND,
+            held = *held_count,
+            closed = *closed,
+            "connections from refused peers past those served: held unread for {}s then closed, or closed at once when {REFUSED_HELD} were held (counts since the last such line)",
+            REFUSED_HOLD.as_secs()
+        );
+        *state = (Some(now), 0, 0);
     }
 }
 
@@ -817,5 +938,55 @@ mod tests {
             0,
             "over with the call"
         );
+    }
+
+    /// Hostile-phase finding: a refused uid reconnecting in a loop made the broker answer
+    /// every connection over HTTP/2 (48 µs of CPU each, 30 000 a second). Now only a few a
+    /// second are served; the rest wait unread for a second and are closed.
+    #[tokio::test(start_paused = true)]
+    async fn refused_peers_get_a_few_answered_connections_a_second() {
+        let gate = RefusedGate::default();
+        let served = (0..100).filter(|_| gate.may_serve()).count();
+        assert_eq!(served, REFUSED_SERVED_PER_SECOND as usize);
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert!(!gate.may_serve(), "the same second");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let served = (0..100).filter(|_| gate.may_serve()).count();
+        assert_eq!(served, REFUSED_SERVED_PER_SECOND as usize, "a new second");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_connection_is_closed_after_the_hold_and_past_the_bound_at_once() {
+        let gate = RefusedGate::default();
+        let mut clients = Vec::new();
+        for _ in 0..REFUSED_HELD + 3 {
+            let (client, server) = UnixStream::pair().unwrap();
+            gate.hold(server);
+            clients.push(client);
+        }
+        assert_eq!(gate.held(), REFUSED_HELD);
+        // Closed: EOF, or a reset when what the client wrote was never read.
+        async fn closed(client: &mut UnixStream) -> bool {
+            let mut buf = [0u8; 8];
+            match client.read(&mut buf).await {
+                Ok(n) => n == 0,
+                Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
+            }
+        }
+        // Past the bound: closed at once, never read.
+        for client in &mut clients[REFUSED_HELD..] {
+            assert!(closed(client).await);
+        }
+        // Held: open until the hold ends, then closed, what it sent unread.
+        let started = Instant::now();
+        let first = &mut clients[0];
+        first.write_all(PREFACE).await.unwrap();
+        assert!(closed(first).await);
+        assert_eq!(started.elapsed(), REFUSED_HOLD);
+        tokio::task::yield_now().await;
+        assert_eq!(gate.held(), 0, "every hold ended together");
+        for client in &mut clients[1..REFUSED_HELD] {
+            assert!(closed(client).await);
+        }
     }
 }

@@ -14,7 +14,7 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic_health::ServingStatus;
 
-use crate::base::conn::{self, ActivityLayer, ConnLimiter, PeerCred};
+use crate::base::conn::{self, ActivityLayer, ConnLimiter, PeerCred, RefusedGate};
 use crate::base::socket::{self, SocketError};
 use crate::config::Config;
 use crate::engine::broker::Broker;
@@ -146,6 +146,7 @@ pub async fn serve(
     }
     let limiter = ConnLimiter::new("socket", cap);
     let refused = ConnLimiter::new("socket, refused callers", conn::REFUSED_CONNECTIONS);
+    let refused_gate = RefusedGate::default();
     let gate = broker.clone();
     let incoming = ReceiverStream::new(conn_rx).filter_map(move |accepted| match accepted {
         // Who the caller is decides before anything waits on it: a peer the broker would
@@ -157,8 +158,11 @@ pub async fn serve(
             });
             let pool = if cred.is_some_and(|c| gate.may_connect(caller::of(Some(c)))) {
                 &limiter
-            } else {
+            } else if refused_gate.may_serve() {
                 &refused
+            } else {
+                refused_gate.hold(stream);
+                return None;
             };
             let admitted = pool.admit(stream)?;
             Some(Ok(match cred {
