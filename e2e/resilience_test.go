@@ -353,7 +353,7 @@ func nudge(ctx context.Context, s *harness.Stack, ns, job string) error {
 		}
 		ann["e2e.credbroker.dev/nudge"] = time.Now().UTC().Format(time.RFC3339Nano)
 		wl.SetAnnotations(ann)
-		err = fleet.Hub.Client.Update(ctx, &wl)
+		err = s.Env.Hub.Client.Update(ctx, &wl)
 		switch {
 		case err == nil:
 			return true, nil
