@@ -12,10 +12,11 @@ import (
 	"credbroker.dev/e2e/harness"
 )
 
-// dispatch creates the ClusterProfiles and MultiKueueClusters of workers, waits until they are
-// Active, submits a Job and waits until it is admitted on a worker. It returns the seconds from
-// ClusterProfile created to MultiKueueCluster Active, per worker.
-func dispatch(t *testing.T, s *harness.Stack, set, field string, workers []*harness.Worker) map[string]float64 {
+// expectDispatch creates the ClusterProfiles and MultiKueueClusters of workers and asserts
+// that they turn Active and that a Job submitted then is admitted on one of them, whose API
+// server holds the Workload's copy. It returns the seconds from ClusterProfile created to
+// MultiKueueCluster Active, per worker.
+func expectDispatch(t *testing.T, s *harness.Stack, set, field string, workers []*harness.Worker) map[string]float64 {
 	t.Helper()
 	ctx := context.Background()
 	if err := s.Setup(ctx, set, workers); err != nil {
@@ -29,10 +30,7 @@ func dispatch(t *testing.T, s *harness.Stack, set, field string, workers []*harn
 	for _, w := range workers {
 		names = append(names, w.Name)
 	}
-	active, err := s.WaitActive(ctx, 2*time.Minute, names...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	active := expectClustersActive(t, s, harness.Timeout, names...)
 	secs := map[string]float64{}
 	for _, n := range names {
 		secs[n] = active[n].Sub(created[n]).Seconds()
@@ -44,10 +42,7 @@ func dispatch(t *testing.T, s *harness.Stack, set, field string, workers []*harn
 	if err := s.SubmitJob(ctx, set, job); err != nil {
 		t.Fatal(err)
 	}
-	a, err := s.WaitAdmitted(ctx, set, job, 2*time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := expectJobAdmitted(t, s, set, job, harness.Timeout)
 	var on *harness.Cluster
 	for _, w := range workers {
 		if w.Name == a.ClusterName {
@@ -68,10 +63,10 @@ func dispatch(t *testing.T, s *harness.Stack, set, field string, workers []*harn
 // the broker's onprem provider is the file type reading /var/run/secrets/credbroker/clusters/{clusterName}.
 func TestDispatchFile(t *testing.T) {
 	ctx := context.Background()
-	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t), KueueConfig: kueueConfig(t)})
+	s := startStack(t, fw.Fleet, harness.StackOptions{BrokerConfig: brokerConfig(t), KueueConfig: kueueConfig(t)})
 	var workers []*harness.Worker
 	var tokens []string
-	for i, c := range fleet.Workers {
+	for i, c := range fw.Fleet.Workers {
 		name := fmt.Sprintf("file-%d", i+1)
 		tok := workerToken(t, c)
 		tokens = append(tokens, tok)
@@ -82,7 +77,7 @@ func TestDispatchFile(t *testing.T) {
 		}
 		workers = append(workers, w)
 	}
-	dispatch(t, s, "file", "accessProviders", workers)
+	expectDispatch(t, s, "file", "accessProviders", workers)
 	c, err := s.Broker.CountsFor("onprem")
 	if err != nil {
 		t.Fatal(err)
@@ -135,9 +130,9 @@ func execWorkers(t *testing.T, s *harness.Stack, prefix string, clusters []*harn
 // TestDispatchExec: the onprem access provider of deploy/'s Kueue config, served by README's
 // exec provider type.
 func TestDispatchExec(t *testing.T) {
-	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, execProvider), KueueConfig: kueueConfig(t)})
-	workers, tokens := execWorkers(t, s, "exec", fleet.Workers)
-	dispatch(t, s, "exec", "accessProviders", workers)
+	s := startStack(t, fw.Fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, execProvider), KueueConfig: kueueConfig(t)})
+	workers, tokens := execWorkers(t, s, "exec", fw.Fleet.Workers)
+	expectDispatch(t, s, "exec", "accessProviders", workers)
 	c, err := s.Broker.CountsFor("onprem")
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +154,7 @@ kubernetesSecret: {namespace: kueue-system, labelSelector: credbroker.dev/creden
 
 func createTokenSecret(t *testing.T, name, token string) {
 	t.Helper()
-	err := harness.Apply(context.Background(), fleet.Hub.Client, fmt.Sprintf(`apiVersion: v1
+	err := harness.Apply(context.Background(), fw.Fleet.Hub.Client, fmt.Sprintf(`apiVersion: v1
 kind: Secret
 metadata: {name: %s, namespace: kueue-system, labels: {credbroker.dev/credential: "true"}}
 stringData: {token: %q}
@@ -173,13 +168,13 @@ stringData: {token: %q}
 // API server with the manager pod's ServiceAccount (in-cluster config, the provider's default)
 // and the RBAC of Kueue's release manifests.
 func TestDispatchKubernetesSecret(t *testing.T) {
-	s := startStack(t, fleet, harness.StackOptions{
+	s := startStack(t, fw.Fleet, harness.StackOptions{
 		BrokerConfig: brokerConfig(t, secretsProvider),
 		KueueConfig:  kueueConfig(t, shimEntry("secretreader", "secretreader")),
 	})
 	var workers []*harness.Worker
 	var tokens []string
-	for i, c := range fleet.Workers {
+	for i, c := range fw.Fleet.Workers {
 		name := fmt.Sprintf("ksecret-%d", i+1)
 		tok := workerToken(t, c)
 		tokens = append(tokens, tok)
@@ -190,7 +185,7 @@ func TestDispatchKubernetesSecret(t *testing.T) {
 		}
 		workers = append(workers, w)
 	}
-	dispatch(t, s, "ksecret", "accessProviders", workers)
+	expectDispatch(t, s, "ksecret", "accessProviders", workers)
 	c, err := s.Broker.CountsFor("secretreader")
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +211,7 @@ exec:
   passEnv: [KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT]
   timeout: 30s
 `
-	s := startStack(t, fleet, harness.StackOptions{
+	s := startStack(t, fw.Fleet, harness.StackOptions{
 		BrokerConfig: brokerConfig(t, wrapped),
 		KueueConfig: kueueConfig(t,
 			execEntry("cia-secretreader", "/opt/e2e/bin/secretreader"),
@@ -225,7 +220,7 @@ exec:
 	times := map[string]map[string]float64{}
 	for _, v := range []struct{ set, provider string }{{"srdirect", "cia-secretreader"}, {"srwrapped", "wrapped-secretreader"}} {
 		var workers []*harness.Worker
-		for i, c := range fleet.Workers {
+		for i, c := range fw.Fleet.Workers {
 			name := fmt.Sprintf("%s-%d", v.set, i+1)
 			createTokenSecret(t, name, workerToken(t, c))
 			w, err := s.NewWorker(name, v.provider, c, map[string]any{"clusterName": name})
@@ -234,9 +229,9 @@ exec:
 			}
 			workers = append(workers, w)
 		}
-		times[v.set] = dispatch(t, s, v.set, "accessProviders", workers)
+		times[v.set] = expectDispatch(t, s, v.set, "accessProviders", workers)
 	}
-	for i := range fleet.Workers {
+	for i := range fw.Fleet.Workers {
 		d, okd := times["srdirect"][fmt.Sprintf("srdirect-%d", i+1)]
 		w, okw := times["srwrapped"][fmt.Sprintf("srwrapped-%d", i+1)]
 		if !okd || !okw || d <= 0 || w <= 0 {
@@ -249,8 +244,8 @@ exec:
 		t.Fatalf("the broker's counters: %v", err)
 	}
 	t.Logf("broker wrapped-secretreader: %v GetToken calls, %v upstream fetches (secretreader runs), %v re-asks (%v confirmed rejections)", c.Requests, c.Fetches, c.Reasks, c.Rejected)
-	if c.Fetches != float64(len(fleet.Workers)) || c.FetchErrors != 0 {
-		t.Errorf("wrapped secretreader: %v upstream fetches (%v failed), want %d (one per cluster)", c.Fetches, c.FetchErrors, len(fleet.Workers))
+	if c.Fetches != float64(len(fw.Fleet.Workers)) || c.FetchErrors != 0 {
+		t.Errorf("wrapped secretreader: %v upstream fetches (%v failed), want %d (one per cluster)", c.Fetches, c.FetchErrors, len(fw.Fleet.Workers))
 	}
 }
 
@@ -259,10 +254,10 @@ exec:
 // shared-worker-1 and shared-worker-2. Upstream fetches must equal the identities.
 func TestSharedIdentityFanOut(t *testing.T) {
 	const perWorker = 6
-	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t), KueueConfig: kueueConfig(t)})
+	s := startStack(t, fw.Fleet, harness.StackOptions{BrokerConfig: brokerConfig(t), KueueConfig: kueueConfig(t)})
 	var workers []*harness.Worker
 	var names []string
-	for _, c := range fleet.Workers {
+	for _, c := range fw.Fleet.Workers {
 		identity := "shared-" + c.Name
 		writeFile(t, filepath.Join(s.TokenDir, identity), workerToken(t, c)+"\n")
 		for j := 0; j < perWorker; j++ {
@@ -283,17 +278,15 @@ func TestSharedIdentityFanOut(t *testing.T) {
 	if _, err := s.CreateProfiles(ctx, "accessProviders", workers); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.WaitActive(ctx, 3*time.Minute, names...); err != nil {
-		t.Fatal(err)
-	}
+	expectClustersActive(t, s, harness.FanOutTimeout, names...)
 	c, err := s.Broker.CountsFor("onprem")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%d ClusterProfiles, %d identities: all Active in %.2fs; %v GetToken calls, %v upstream fetches, %v re-asks (%v confirmed rejections)",
-		len(workers), len(fleet.Workers), time.Since(start).Seconds(), c.Requests, c.Fetches, c.Reasks, c.Rejected)
-	if c.Fetches != float64(len(fleet.Workers)) {
-		t.Errorf("upstream fetches = %v, want %d (the number of identities)", c.Fetches, len(fleet.Workers))
+		len(workers), len(fw.Fleet.Workers), time.Since(start).Seconds(), c.Requests, c.Fetches, c.Reasks, c.Rejected)
+	if c.Fetches != float64(len(fw.Fleet.Workers)) {
+		t.Errorf("upstream fetches = %v, want %d (the number of identities)", c.Fetches, len(fw.Fleet.Workers))
 	}
 	if c.OK < float64(len(workers)) {
 		t.Errorf("OK GetToken calls = %v, want at least %d (one per cluster)", c.OK, len(workers))
@@ -305,32 +298,17 @@ func TestSharedIdentityFanOut(t *testing.T) {
 // code 1", and the shim's one line (stderr, which client-go passes through) is in Kueue's log.
 func TestShimErrorInCondition(t *testing.T) {
 	ctx := context.Background()
-	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t), KueueConfig: kueueConfig(t)})
-	w, err := s.NewWorker("nocred-1", "onprem", fleet.Workers[0], map[string]any{"clusterName": "nocred-1"})
+	s := startStack(t, fw.Fleet, harness.StackOptions{BrokerConfig: brokerConfig(t), KueueConfig: kueueConfig(t)})
+	w, err := s.NewWorker("nocred-1", "onprem", fw.Fleet.Workers[0], map[string]any{"clusterName": "nocred-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.CreateProfiles(ctx, "accessProviders", []*harness.Worker{w}); err != nil {
 		t.Fatal(err)
 	}
-	var st, reason, msg string
-	if err := harness.Poll(ctx, time.Minute, 250*time.Millisecond, func() (bool, error) {
-		st, reason, msg = s.ActiveCondition(ctx, w.Name)
-		return st == "False" && strings.Contains(msg, "credbroker-shim failed with exit code 1"), nil
-	}); err != nil {
-		t.Fatalf("MultiKueueCluster %s: Active=%q reason=%q message=%q; want False naming the shim: %v", w.Name, st, reason, msg, err)
-	}
-	t.Logf("%s: Active=%s reason=%s message=%q", w.Name, st, reason, msg)
-	var line string
-	if err := harness.Poll(ctx, 30*time.Second, 250*time.Millisecond, func() (bool, error) {
-		for _, l := range s.Kueue.LogLines("credbroker-shim: ") {
-			line = l
-			return true, nil
-		}
-		return false, nil
-	}); err != nil {
-		t.Fatalf("no credbroker-shim line in Kueue's log: %v", err)
-	}
+	reason, msg := expectClusterInactive(t, s, w.Name, "credbroker-shim failed with exit code 1", harness.ShortTimeout)
+	t.Logf("%s: Active=False reason=%s message=%q", w.Name, reason, msg)
+	line := expectKueueLogLine(t, s, "credbroker-shim: ", harness.LogLineTimeout)
 	t.Logf("Kueue's log: %s", line)
 	if !strings.Contains(line, "NOT_FOUND") {
 		t.Errorf("the shim's line does not say NOT_FOUND: %q", line)

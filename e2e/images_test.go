@@ -27,18 +27,18 @@ import (
 // pod sandbox, credbroker) to the suite's loopback registry and checks, through the registry,
 // what the node will pull: each image's configuration and, for Kueue, the files of its layer.
 func TestImagesThroughTheRegistry(t *testing.T) {
-	if peers.Crane == "" {
+	if fw.Peers.Crane == "" {
 		t.Fatal("peers.env has no CRANE= (run e2e/peers.sh)")
 	}
 	ctx := context.Background()
-	dir := filepath.Join(scratch, "images")
-	reg, err := harness.StartRegistry(ctx, filepath.Join(dir, "registry"), peers.Crane)
+	dir := fw.Dir("images")
+	reg, err := harness.StartRegistry(ctx, filepath.Join(dir, "registry"), fw.Peers.Crane)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(reg.Stop)
 
-	k := peers.Kueue[kueueMain]
+	k := fw.Peers.Kueue[kueueMain]
 	start := time.Now()
 	kueueArchive, err := harness.KueueImage(ctx, k)
 	if err != nil {
@@ -175,7 +175,7 @@ func TestImagesThroughTheRegistry(t *testing.T) {
 
 	t.Run("stop", func(t *testing.T) {
 		reg.Stop()
-		if c, err := net.DialTimeout("tcp", reg.Addr, time.Second); err == nil {
+		if c, err := net.DialTimeout("tcp", reg.Addr, harness.DialTimeout); err == nil {
 			c.Close()
 			t.Errorf("%s still accepts connections after Stop", reg.Addr)
 		}
@@ -197,7 +197,7 @@ type ociConfig struct {
 func crane(t *testing.T, args ...string) []byte {
 	t.Helper()
 	var stderr bytes.Buffer
-	cmd := exec.Command(peers.Crane, append([]string{"--insecure"}, args...)...)
+	cmd := exec.Command(fw.Peers.Crane, append([]string{"--insecure"}, args...)...)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
@@ -229,7 +229,7 @@ type layerFile struct {
 // (without a leading "/" or "./").
 func exportedFiles(t *testing.T, ref string) map[string]layerFile {
 	t.Helper()
-	cmd := exec.Command(peers.Crane, "--insecure", "export", "--platform", "linux/amd64", ref, "-")
+	cmd := exec.Command(fw.Peers.Crane, "--insecure", "export", "--platform", "linux/amd64", ref, "-")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"credbroker.dev/e2e/harness"
+	"github.com/onsi/gomega"
 )
 
 // TestKubectlThroughTheShim: the real kubectl (client-go's exec client) through the shim and
@@ -29,8 +30,8 @@ func TestKubectlThroughTheShim(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kubectl is missing (scripts/test.sh installs it): %v", err)
 	}
-	w := fleet.Workers[1]
-	dir := filepath.Join(scratch, "kubectl")
+	w := fw.Fleet.Workers[1]
+	dir := fw.Dir("kubectl")
 	run := filepath.Join(dir, "run")
 	home := filepath.Join(dir, "home")
 	for _, d := range []string{filepath.Join(run, "tokens"), home} {
@@ -49,7 +50,7 @@ func TestKubectlThroughTheShim(t *testing.T) {
 	b := startExecBroker(t, dir, run)
 	// The shim where uid 65532 can run it (the image content may sit under root's home).
 	shim := filepath.Join(dir, "credbroker-shim")
-	if out, err := exec.Command("cp", filepath.Join(content, "plugins/bin/credbroker-shim"), shim).CombinedOutput(); err != nil {
+	if out, err := exec.Command("cp", filepath.Join(fw.Content, "plugins/bin/credbroker-shim"), shim).CombinedOutput(); err != nil {
 		t.Fatalf("copy the shim: %v: %s", err, out)
 	}
 	kc := map[string]any{
@@ -126,11 +127,8 @@ func TestKubectlThroughTheShim(t *testing.T) {
 			_, _ = io.Copy(io.Discard, out)
 		}()
 		var line string
-		select {
-		case line = <-lines:
-		case <-time.After(30 * time.Second):
-			t.Fatal("kubectl proxy printed no address")
-		}
+		gomega.NewWithT(t).Eventually(lines).WithTimeout(harness.ProcessOutputTimeout).WithPolling(harness.FastInterval).
+			Should(gomega.Receive(&line), "kubectl proxy printed no address")
 		proxies = append(proxies, proxy{cmd: cmd, port: line[strings.LastIndexByte(strings.TrimSpace(line), ':')+1:]})
 	}
 	get := func(p proxy) int {
@@ -153,7 +151,7 @@ func TestKubectlThroughTheShim(t *testing.T) {
 	fresh := workerToken(t, w)
 	writeFile(t, filepath.Join(run, "tokens", cluster), fresh+"\n")
 	// kube-apiserver keeps a successful token authentication for 10 s.
-	time.Sleep(11 * time.Second)
+	time.Sleep(harness.TokenCacheWait)
 	for i, p := range proxies {
 		tries := 0
 		for tries < 3 {

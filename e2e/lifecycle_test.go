@@ -12,16 +12,17 @@ import (
 	"time"
 
 	"credbroker.dev/e2e/harness"
+	"github.com/onsi/gomega"
 )
 
-// shortLifetime is the life of the credentials the lifecycle scenarios hand out: short enough
-// that client-go runs the shim again, and the broker refreshes, several times within minutes.
-// The broker refreshes at about half of it (40–60 %, jittered) and serves a credential until
-// a quarter of it before expiry (broker/src/engine/cache.rs: REFRESH_FRACTION, STALE_MARGIN).
-const shortLifetime = 60 * time.Second
+// shortLifetime is the life of the credentials the lifecycle scenarios hand out
+// (harness.ShortLifetime says why it is what it is).
+const shortLifetime = harness.ShortLifetime
 
 // shortLivedExecProvider is execProvider whose upstream hands out credentials of shortLifetime.
-var shortLivedExecProvider = execProvider + fmt.Sprintf("  env: {TOKEN_LIFETIME: %s}\n", shortLifetime)
+func shortLivedExecProvider() string {
+	return execProvider + fmt.Sprintf("  env: {TOKEN_LIFETIME: %s}\n", shortLifetime)
+}
 
 // runTimes are the times of the token plugin's successful runs (upstream fetches).
 func runTimes(t *testing.T, s *harness.Stack) []time.Time {
@@ -58,25 +59,22 @@ func upstreamDown(t *testing.T, s *harness.Stack, down bool) {
 	}
 }
 
-// waitNextFetch waits until the upstream was called more than n times and returns when the
-// last call happened.
-func waitNextFetch(t *testing.T, s *harness.Stack, n int, timeout time.Duration) time.Time {
+// expectFetchBeyond asserts that the upstream is called more than n times within timeout, and
+// returns when the last call happened.
+func expectFetchBeyond(t *testing.T, s *harness.Stack, n int, timeout time.Duration) time.Time {
 	t.Helper()
 	var at time.Time
-	if err := harness.Poll(context.Background(), timeout, 100*time.Millisecond, func() (bool, error) {
-		runs := runTimes(t, s)
-		if len(runs) > n {
+	gomega.NewWithT(t).Eventually(func() error {
+		if runs := runTimes(t, s); len(runs) > n {
 			at = runs[len(runs)-1]
-			return true, nil
+			return nil
 		}
-		return false, nil
-	}); err != nil {
-		t.Fatalf("no upstream fetch beyond the %d-th: %v", n, err)
-	}
+		return fmt.Errorf("no upstream fetch beyond the %d-th", n)
+	}).WithTimeout(timeout).WithPolling(harness.FastInterval).Should(gomega.Succeed())
 	return at
 }
 
-// activeWatch samples a MultiKueueCluster's Active condition every 250 ms.
+// activeWatch samples a MultiKueueCluster's Active condition every harness.SampleInterval.
 type activeWatch struct {
 	mu       sync.Mutex
 	samples  int
@@ -106,7 +104,7 @@ func watchActive(s *harness.Stack, name string) *activeWatch {
 			select {
 			case <-w.stop:
 				return
-			case <-time.After(250 * time.Millisecond):
+			case <-time.After(harness.SampleInterval):
 			}
 		}
 	}()
@@ -155,7 +153,7 @@ func describeCounts(m map[string]int) string {
 	return strings.Join(parts, ", ")
 }
 
-// keepBusy cuts w's connections every 5 s until the returned function is called (or the test ends).
+// keepBusy cuts w's connections every harness.BusyCutEvery until the returned function is called (or the test ends).
 func keepBusy(t *testing.T, w *harness.Worker) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
@@ -165,7 +163,7 @@ func keepBusy(t *testing.T, w *harness.Worker) (stop func()) {
 			select {
 			case <-done:
 				return
-			case <-time.After(5 * time.Second):
+			case <-time.After(harness.BusyCutEvery):
 				w.Forward.Cut()
 			}
 		}
@@ -198,10 +196,10 @@ func keepBusy(t *testing.T, w *harness.Worker) (stop func()) {
 // watches again), as a busy hub with Jobs flowing requests all the time.
 func TestCredentialLifecycle(t *testing.T) {
 	ctx := context.Background()
-	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, shortLivedExecProvider), KueueConfig: kueueConfig(t)})
-	workers, tokens := execWorkers(t, s, "life", fleet.Workers[:1])
+	s := startStack(t, fw.Fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, shortLivedExecProvider()), KueueConfig: kueueConfig(t)})
+	workers, tokens := execWorkers(t, s, "life", fw.Fleet.Workers[:1])
 	w := workers[0]
-	dispatch(t, s, "life", "accessProviders", workers)
+	expectDispatch(t, s, "life", "accessProviders", workers)
 	first := runTimes(t, s)
 	if len(first) != 1 {
 		t.Fatalf("upstream fetches after the first dispatch = %d, want 1", len(first))
@@ -213,7 +211,7 @@ func TestCredentialLifecycle(t *testing.T) {
 	watch := watchActive(s, w.Name)
 	busy := keepBusy(t, w)
 	phase1 := time.Now()
-	waitNextFetch(t, s, 2, 4*shortLifetime)
+	expectFetchBeyond(t, s, 2, harness.TwoRefreshesWithin)
 	samples, off, last := watch.end()
 	c1, _ := s.Broker.CountsFor("onprem")
 	runs := runTimes(t, s)
@@ -232,7 +230,7 @@ func TestCredentialLifecycle(t *testing.T) {
 		t.Errorf("running phase: %v of %v calls OK, %d fetched on the caller's path; want every call OK and served from the cache (refreshed ahead)", c1.OK-c0.OK, c1.Requests-c0.Requests, oc["Miss"])
 	}
 	for i := 1; i < len(runs); i++ {
-		if gap := runs[i].Sub(runs[i-1]); gap < shortLifetime*4/10-time.Second || gap > shortLifetime {
+		if gap := runs[i].Sub(runs[i-1]); gap < shortLifetime*4/10-harness.RefreshScheduleSlack || gap > shortLifetime {
 			t.Errorf("fetch %d came %.1fs after the one before; the schedule says between %.0fs (refresh time) and %.0fs (the credential's life)", i+1, gap.Seconds(), 0.4*shortLifetime.Seconds(), shortLifetime.Seconds())
 		}
 	}
@@ -242,7 +240,7 @@ func TestCredentialLifecycle(t *testing.T) {
 
 	// 2. A short outage, right after a fetch: over before the held credential's serving window
 	// (three quarters of its life) ends.
-	fetched := waitNextFetch(t, s, len(runs), 2*shortLifetime)
+	fetched := expectFetchBeyond(t, s, len(runs), harness.NextRefreshWithin)
 	upstreamDown(t, s, true)
 	outage := shortLifetime * 7 / 10
 	downAt := time.Now()
@@ -254,12 +252,9 @@ func TestCredentialLifecycle(t *testing.T) {
 	time.Sleep(outage - time.Since(fetched))
 	upstreamDown(t, s, false)
 	downFor := time.Since(downAt)
-	a, err := s.WaitAdmitted(ctx, "life", "life-outage", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := expectJobAdmitted(t, s, "life", "life-outage", harness.ShortTimeout)
 	// Past the held credential's serving window: the next call fetches anew.
-	waitNextFetch(t, s, len(runTimes(t, s)), 2*shortLifetime)
+	expectFetchBeyond(t, s, len(runTimes(t, s)), harness.NextRefreshWithin)
 	samples, off, last = watch.end()
 	c3, _ := s.Broker.CountsFor("onprem")
 	oc, _ = outcomes(s.Broker, line1)
@@ -280,13 +275,7 @@ func TestCredentialLifecycle(t *testing.T) {
 	warn3 := len(s.Kueue.LogLines("credbroker-shim: "))
 	upstreamDown(t, s, true)
 	downAt = time.Now()
-	var st, reason, msg string
-	if err := harness.Poll(ctx, 3*shortLifetime, time.Second, func() (bool, error) {
-		st, reason, msg = s.ActiveCondition(ctx, w.Name)
-		return st == "False" && strings.Contains(msg, "credbroker-shim"), nil
-	}); err != nil {
-		t.Fatalf("long outage: the MultiKueueCluster did not turn Active=False naming the shim (last: Active=%q reason=%q message=%q): %v", st, reason, msg, err)
-	}
+	reason, msg := expectClusterInactive(t, s, w.Name, "credbroker-shim", harness.ServingWindowEndsWithin)
 	inactive := time.Since(downAt)
 	shimLines := s.Kueue.LogLines("credbroker-shim: ")[warn3:]
 	if len(shimLines) == 0 {
@@ -299,16 +288,12 @@ func TestCredentialLifecycle(t *testing.T) {
 	}
 	upstreamDown(t, s, false)
 	back := time.Now()
-	if _, err := s.WaitActive(ctx, 4*time.Minute, w.Name); err != nil {
-		t.Fatal(err)
-	}
+	expectClustersActive(t, s, harness.RecoveryTimeout, w.Name)
 	recovered := time.Since(back)
 	if err := s.SubmitJob(ctx, "life", "life-after"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.WaitAdmitted(ctx, "life", "life-after", 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	expectJobAdmitted(t, s, "life", "life-after", harness.Timeout)
 	busy()
 	c4, _ := s.Broker.CountsFor("onprem")
 	t.Logf("3. upstream down %.0fs: Active=False %.0fs after the outage began (reason %s, message %.160q); Kueue's log: %s; upstream back: Active again in %.1fs by itself and a new Job admitted; %d upstream fetches in all, %d failed runs, %v GetToken calls refused",

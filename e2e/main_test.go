@@ -7,20 +7,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"credbroker.dev/e2e/harness"
 	"sigs.k8s.io/yaml"
 )
 
-// The fleet every scenario on Kueue v0.19.2 shares: a hub and two workers, started once.
-var (
-	peers   *harness.Peers
-	content string
-	plugin  string
-	fleet   *harness.Env
-	scratch string
-)
+// fw is the suite's framework: the peers, the image content, the token plugin, the scratch
+// directory and the fleet every scenario on Kueue v0.19.2 shares (a hub and two workers),
+// started once by TestMain.
+var fw *harness.Framework
 
 const kueueMain = "v0.19.2"
 
@@ -39,41 +34,19 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	ctx := context.Background()
-	var err error
-	fail := func(err error) int { fmt.Fprintln(os.Stderr, "e2e setup:", err); return 1 }
-	if peers, err = harness.LoadPeers(); err != nil {
-		return fail(err)
-	}
-	if _, ok := peers.Kueue[kueueMain]; !ok {
-		return fail(fmt.Errorf("kueue %s is not among the peers", kueueMain))
-	}
 	// The parent process made the scratch directory (harness.RunInSuiteNetwork) and removes
 	// it at the end, unless CREDBROKER_E2E_KEEP=1 keeps every process's log and config.
-	if scratch = os.Getenv(harness.ScratchEnv); scratch == "" {
-		return fail(fmt.Errorf("%s is not set: run the suite with go test (TestMain starts it)", harness.ScratchEnv))
-	}
 	if os.Getenv("CREDBROKER_E2E_KEEP") != "" {
-		defer fmt.Println("e2e: kept", scratch)
+		defer func() { fmt.Println("e2e: kept", os.Getenv(harness.ScratchEnv)) }()
 	}
-	if content, err = harness.ImageContent(); err != nil {
-		return fail(err)
+	fw = harness.NewFramework(harness.FrameworkOptions{Kueue: kueueMain, Workers: 2})
+	defer fw.Stop()
+	if err := fw.Start(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e setup:", err)
+		return 1
 	}
-	plugin = filepath.Join(scratch, "tokenplugin")
-	if err := harness.BuildGo("./cmd/tokenplugin", plugin); err != nil {
-		return fail(err)
-	}
-	start := time.Now()
-	fleet, err = harness.StartEnv(ctx, harness.EnvOptions{
-		Dir: filepath.Join(scratch, "fleet"), Peers: peers, Kueue: peers.Kueue[kueueMain], Workers: 2,
-		Content: content, TokenPlugin: plugin, Overlay: harness.ShippedOverlay,
-	})
-	if err != nil {
-		return fail(err)
-	}
-	defer fleet.Stop()
 	fmt.Printf("e2e: hub and %d workers (kube-apiserver %s, etcd %s, Kueue %s on each worker) up in %.1fs\n",
-		len(fleet.Workers), peers.KubeVersion, peers.EtcdVersion, kueueMain, time.Since(start).Seconds())
+		len(fw.Fleet.Workers), fw.Peers.KubeVersion, fw.Peers.EtcdVersion, kueueMain, fw.FleetUpIn.Seconds())
 	return m.Run()
 }
 
@@ -81,7 +54,7 @@ func run(m *testing.M) int {
 // access-provider entries a scenario adds (the shape docs/ gives them).
 func kueueConfig(t *testing.T, extra ...map[string]any) map[string]any {
 	t.Helper()
-	return envKueueConfig(t, fleet, "accessProviders", extra...)
+	return envKueueConfig(t, fw.Fleet, "accessProviders", extra...)
 }
 
 // envKueueConfig is env's rendered hub Kueue configuration with extra entries appended to
@@ -165,24 +138,24 @@ func brokerConfig(t *testing.T, providers ...string) map[string]any {
 func startExecBroker(t *testing.T, dir, run string) *harness.Broker {
 	t.Helper()
 	b, err := harness.StartBroker(context.Background(), harness.BrokerOptions{
-		Content: content, Config: brokerConfig(t, execProvider),
+		Content: fw.Content, Config: brokerConfig(t, execProvider),
 		SocketDir: filepath.Join(dir, "socket"), TokenDir: filepath.Join(dir, "tokens"), Dir: filepath.Join(dir, "broker"),
 		Mounts: []harness.Mount{
-			{Src: plugin, Dst: "/opt/e2e/bin/tokenplugin"},
+			{Src: fw.TokenPlugin, Dst: "/opt/e2e/bin/tokenplugin"},
 			{Src: run, Dst: "/var/run/e2e", RW: true},
 		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = b.Stop(5 * time.Second) })
+	t.Cleanup(func() { _ = b.Stop(harness.QuickStopGrace) })
 	return b
 }
 
 func startStack(t *testing.T, env *harness.Env, o harness.StackOptions) *harness.Stack {
 	t.Helper()
 	ctx := context.Background()
-	dir := filepath.Join(scratch, strings.ReplaceAll(t.Name(), "/", "_"))
+	dir := fw.Dir(strings.ReplaceAll(t.Name(), "/", "_"))
 	s, err := env.StartStack(ctx, dir, o)
 	if err != nil {
 		t.Fatal(err)

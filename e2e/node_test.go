@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"credbroker.dev/e2e/harness"
+	"github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -26,17 +27,15 @@ import (
 func TestNode(t *testing.T) {
 	ctx := context.Background()
 	start := time.Now()
-	h, err := harness.StartNodeHub(ctx, harness.NodeHubOptions{
-		Dir: filepath.Join(scratch, "node"), Peers: peers, Kueue: peers.Kueue[kueueMain], Workers: fleet.Workers[:1],
-	})
+	h, err := fw.StartNodeHub(ctx, harness.NodeHubOptions{Workers: fw.Fleet.Workers[:1]})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Stop)
 	t.Logf("node: registry with the images, hub (kube-apiserver, kube-controller-manager, kube-scheduler), kube-proxy, containerd %s and kubelet %s Ready in %.1fs",
-		peers.ContainerdVersion, peers.KubeVersion, time.Since(start).Seconds())
-	worker := fleet.Workers[0]
-	s := h.Stack(filepath.Join(scratch, "node", "objects"))
+		fw.Peers.ContainerdVersion, fw.Peers.KubeVersion, time.Since(start).Seconds())
+	worker := fw.Fleet.Workers[0]
+	s := h.Stack(fw.Dir(filepath.Join("node", "objects")))
 	t.Cleanup(func() { s.Stop(ctx) })
 
 	// The credential the shipped example config's onprem provider reads: a file per cluster
@@ -50,9 +49,10 @@ func TestNode(t *testing.T) {
 
 	var workers []*harness.Worker // node-w1, node-w2
 	ok := t.Run("image-volume", func(t *testing.T) {
+		explainNodeOnFailure(t, h)
 		deployed := time.Now()
 		if _, err := h.Deploy(ctx, harness.ImageVolumeOverlay, nil); err != nil {
-			failNode(t, h, err)
+			t.Fatal(err)
 		}
 		t.Logf("kubectl apply --server-side of deploy/kueue/image-volume -> Deployment Available in %.1fs", time.Since(deployed).Seconds())
 		pod := managerPod(t, h)
@@ -62,7 +62,7 @@ func TestNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		workers = append(workers, w)
-		dispatch(t, s, "node-iv", "accessProviders", []*harness.Worker{w})
+		expectDispatch(t, s, "node-iv", "accessProviders", []*harness.Worker{w})
 		webhooksServeFromThePod(t, h, pod)
 		noTokenIn(t, "the broker's log", containerLog(t, h, pod, "credbroker"), tok)
 	})
@@ -70,6 +70,7 @@ func TestNode(t *testing.T) {
 		return
 	}
 	ok = t.Run("sidecar-killed", func(t *testing.T) {
+		explainNodeOnFailure(t, h)
 		pod := managerPod(t, h)
 		pid, err := h.Node.ContainerPid(ctx, pod.Name, "credbroker")
 		if err != nil {
@@ -86,23 +87,9 @@ func TestNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		workers = append(workers, w)
-		var back time.Time
-		if err := harness.Poll(ctx, 2*time.Minute, 250*time.Millisecond, func() (bool, error) {
-			p := managerPod(t, h)
-			if p.UID != pod.UID {
-				return false, harness.Fatal(fmt.Errorf("the pod was replaced (%s -> %s): the kubelet was to restart the container", pod.UID, p.UID))
-			}
-			sc := status(p.Status.InitContainerStatuses, "credbroker")
-			if sc == nil || sc.RestartCount < 1 || sc.Started == nil || !*sc.Started {
-				return false, fmt.Errorf("sidecar not restarted yet:%s", h.PodSummary(ctx))
-			}
-			back = time.Now()
-			return true, nil
-		}); err != nil {
-			failNode(t, h, err)
-		}
+		back := expectSidecarRestarted(t, h, pod)
 		t.Logf("broker killed (SIGKILL to pid %d on the host) -> restarted by the kubelet and started (startupProbe) in %.1fs", pid, back.Sub(killed).Seconds())
-		dispatch(t, s, "node-kill", "accessProviders", []*harness.Worker{w})
+		expectDispatch(t, s, "node-kill", "accessProviders", []*harness.Worker{w})
 		p := managerPod(t, h)
 		if m := status(p.Status.ContainerStatuses, "manager"); m == nil || m.RestartCount != 0 {
 			t.Errorf("Kueue's manager restarted: %s", h.PodSummary(ctx))
@@ -112,10 +99,11 @@ func TestNode(t *testing.T) {
 		return
 	}
 	ok = t.Run("init-copy", func(t *testing.T) {
+		explainNodeOnFailure(t, h)
 		old := managerPod(t, h)
 		deployed := time.Now()
 		if _, err := h.Deploy(ctx, harness.InitCopyOverlay, nil); err != nil {
-			failNode(t, h, err)
+			t.Fatal(err)
 		}
 		pod := managerPod(t, h)
 		if pod.UID == old.UID {
@@ -133,16 +121,15 @@ func TestNode(t *testing.T) {
 		}
 		sidecarBeforeManager(t, h, pod)
 		// The pod is new: Kueue connects the clusters again, with the shim from the emptyDir.
-		if _, err := s.WaitActive(ctx, 2*time.Minute, "node-w1", "node-w2"); err != nil {
-			failNode(t, h, err)
-		}
-		nudged := submitAndAdmit(t, h, s, "node-iv", "node-ic-job")
+		expectClustersActive(t, s, harness.Timeout, "node-w1", "node-w2")
+		nudged := expectSubmittedJobAdmitted(t, s, "node-iv", "node-ic-job")
 		t.Logf("a Job dispatched through the init-copy pod (needed a Workload event: %v)", nudged)
 	})
 	if !ok {
 		return
 	}
 	ok = t.Run("revoked-token", func(t *testing.T) {
+		explainNodeOnFailure(t, h)
 		// The shim runs in the manager's container and names its caller from that container's
 		// /proc (Kueue's manager is pid 1 there); the broker, in another PID namespace, keys
 		// re-asks on what the shim sends. A revoked token must still be found out and replaced.
@@ -156,30 +143,24 @@ func TestNode(t *testing.T) {
 		// The kubelet updates the mounted Secret at its next sync of the pod; the broker's
 		// fetch after a confirmed rejection reads the file.
 		mounted := filepath.Join(h.Node.KubeletDir(), "pods", string(pod.UID), "volumes", "kubernetes.io~secret", "credbroker-cluster-tokens", "node-w1")
-		if err := harness.Poll(ctx, time.Minute, 500*time.Millisecond, func() (bool, error) {
+		gomega.NewWithT(t).Eventually(func() error {
 			b, err := os.ReadFile(mounted)
-			return err == nil && string(b) == fresh, err
-		}); err != nil {
-			t.Fatalf("the kubelet did not update the mounted Secret: %v", err)
-		}
+			if err == nil && string(b) != fresh {
+				return fmt.Errorf("%s holds the old token", mounted)
+			}
+			return err
+		}).WithTimeout(harness.MountedSecretTimeout).WithPolling(harness.Interval).Should(gomega.Succeed(), "the kubelet did not update the mounted Secret")
 		// kube-apiserver keeps a successful token authentication for 10 s (README, below).
-		time.Sleep(11 * time.Second)
+		time.Sleep(harness.TokenCacheWait)
 		cut := time.Now()
 		for _, w := range workers {
 			w.Forward.Cut()
 		}
 		// Kueue reconnects, meets the 401, and client-go runs the shim again: the broker's check
 		// confirms the rejection and fetches the new token.
-		if err := harness.Poll(ctx, 2*time.Minute, 250*time.Millisecond, func() (bool, error) {
-			n := strings.Count(containerLog(t, h, pod, "credbroker"), "rejection confirmed")
-			return n >= before+len(workers), fmt.Errorf("%d confirmed rejections", n-before)
-		}); err != nil {
-			failNode(t, h, err)
-		}
-		if _, err := s.WaitActive(ctx, 2*time.Minute, "node-w1", "node-w2"); err != nil {
-			failNode(t, h, err)
-		}
-		nudged := submitAndAdmit(t, h, s, "node-iv", "node-revoked-job")
+		expectConfirmedRejections(t, h, pod, before+len(workers))
+		expectClustersActive(t, s, harness.Timeout, "node-w1", "node-w2")
+		nudged := expectSubmittedJobAdmitted(t, s, "node-iv", "node-revoked-job")
 		t.Logf("the Job needed a Workload event: %v", nudged)
 		log := containerLog(t, h, pod, "credbroker")
 		var confirmed []string
@@ -204,6 +185,7 @@ func TestNode(t *testing.T) {
 		return
 	}
 	t.Run("kubernetes-secret", func(t *testing.T) {
+		explainNodeOnFailure(t, h)
 		// A user's broker config (docs/deploy.md section 3's credbroker-config component):
 		// onprem as docs/providers/kubernetes-secret.md's provider, which reads Secrets from
 		// the hub with the pod's projected ServiceAccount token (in-cluster configuration).
@@ -219,7 +201,7 @@ stringData: {token: %q}
 		if _, err := h.Deploy(ctx, harness.InitCopyOverlay, map[string]map[string]string{"credbroker-config": {
 			"kustomization.yaml": userConfigComponent, "credbroker.yaml": userBrokerConfig,
 		}}); err != nil {
-			failNode(t, h, err)
+			t.Fatal(err)
 		}
 		pod := managerPod(t, h)
 		if pod.UID == old.UID {
@@ -236,7 +218,7 @@ stringData: {token: %q}
 		if err != nil {
 			t.Fatal(err)
 		}
-		dispatch(t, s, "node-ks", "accessProviders", []*harness.Worker{w})
+		expectDispatch(t, s, "node-ks", "accessProviders", []*harness.Worker{w})
 		log := containerLog(t, h, pod, "credbroker")
 		if !strings.Contains(log, "onprem (kubernetesSecret)") {
 			t.Errorf("the broker did not load the user's config: %s", harness.Tail(log, 5))
@@ -270,27 +252,52 @@ providers:
     kubernetesSecret: {namespace: kueue-system, labelSelector: credbroker.dev/credential=true}
 `
 
-// submitAndAdmit submits a Job and waits for its admission on a worker. As in
+// expectSubmittedJobAdmitted submits a Job and asserts its admission on a worker. As in
 // TestRevokedTokenRecovers: a Job that gets its quota while MultiKueue is still (re)connecting
 // (a new pod's Kueue, or connections just cut) is nominated nowhere and waits for the next
 // event on its Workload (Kueue v0.19.2 does not requeue waiting workloads when a worker
-// connects); after 20 s the test annotates the Workload and says so.
-func submitAndAdmit(t *testing.T, h *harness.NodeHub, s *harness.Stack, set, job string) (nudged bool) {
+// connects); after harness.NudgeAfter the test annotates the Workload and says so.
+func expectSubmittedJobAdmitted(t *testing.T, s *harness.Stack, set, job string) (nudged bool) {
+	t.Helper()
+	if err := s.SubmitJob(context.Background(), set, job); err != nil {
+		t.Fatal(err)
+	}
+	_, nudged = expectJobAdmittedNudging(t, s, set, job, harness.NudgeAfter, nil)
+	return nudged
+}
+
+// expectSidecarRestarted asserts that the kubelet restarts the credbroker sidecar of pod, in
+// the same pod, and its startup probe passes, within harness.SidecarRestartTimeout; it returns
+// when that was seen.
+func expectSidecarRestarted(t *testing.T, h *harness.NodeHub, pod *corev1.Pod) time.Time {
 	t.Helper()
 	ctx := context.Background()
-	if err := s.SubmitJob(ctx, set, job); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.WaitAdmitted(ctx, set, job, 20*time.Second); err == nil {
-		return false
-	}
-	if err := nudge(ctx, s, set, job); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.WaitAdmitted(ctx, set, job, 2*time.Minute); err != nil {
-		failNode(t, h, err)
-	}
-	return true
+	var back time.Time
+	gomega.NewWithT(t).Eventually(func() error {
+		p := managerPod(t, h)
+		if p.UID != pod.UID {
+			return harness.StopTrying(fmt.Errorf("the pod was replaced (%s -> %s): the kubelet was to restart the container", pod.UID, p.UID))
+		}
+		sc := status(p.Status.InitContainerStatuses, "credbroker")
+		if sc == nil || sc.RestartCount < 1 || sc.Started == nil || !*sc.Started {
+			return fmt.Errorf("sidecar not restarted yet:%s", h.PodSummary(ctx))
+		}
+		back = time.Now()
+		return nil
+	}).WithTimeout(harness.SidecarRestartTimeout).WithPolling(harness.Interval).Should(gomega.Succeed())
+	return back
+}
+
+// expectConfirmedRejections asserts that the broker's log in pod holds at least n "rejection
+// confirmed" lines within harness.Timeout.
+func expectConfirmedRejections(t *testing.T, h *harness.NodeHub, pod *corev1.Pod, n int) {
+	t.Helper()
+	gomega.NewWithT(t).Eventually(func() error {
+		if got := strings.Count(containerLog(t, h, pod, "credbroker"), "rejection confirmed"); got < n {
+			return fmt.Errorf("%d confirmed rejections in the broker's log, want %d", got, n)
+		}
+		return nil
+	}).WithTimeout(harness.Timeout).WithPolling(harness.Interval).Should(gomega.Succeed())
 }
 
 // setClusterTokens writes the Secret credbroker-cluster-tokens (one key per cluster name).
@@ -333,10 +340,14 @@ func containerLog(t *testing.T, h *harness.NodeHub, pod *corev1.Pod, container s
 	return text
 }
 
-// failNode ends the test with err and what the node knows: the pods, the kubelet's log tail.
-func failNode(t *testing.T, h *harness.NodeHub, err error) {
-	t.Helper()
-	t.Fatalf("%v\npods:%s\nkubelet log tail:\n%s", err, h.PodSummary(context.Background()), harness.Tail(h.Node.Kubelet.LogText(), 20))
+// explainNodeOnFailure has a failed step print what the node knows: the pods, the kubelet's
+// log tail.
+func explainNodeOnFailure(t *testing.T, h *harness.NodeHub) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("pods:%s\nkubelet log tail:\n%s", h.PodSummary(context.Background()), harness.Tail(h.Node.Kubelet.LogText(), 20))
+		}
+	})
 }
 
 // firstLine is the CRI timestamp of the first line of a container's log holding sub ("" for

@@ -23,20 +23,15 @@ const kueueOld = "v0.17.0"
 // the shipped components/kueue-config (v0.19's accessProviders) stops it at start.
 func TestOlderKueueCredentialsProviders(t *testing.T) {
 	ctx := context.Background()
-	peer, ok := peers.Kueue[kueueOld]
-	if !ok {
-		t.Fatalf("kueue %s is not among the peers (e2e/peers.sh builds it)", kueueOld)
-	}
-	env, err := harness.StartEnv(ctx, harness.EnvOptions{
-		Dir: filepath.Join(scratch, "fleet-"+kueueOld), Peers: peers, Kueue: peer, Workers: 1,
-		Content: content, TokenPlugin: plugin, Prefix: "k17-", Overlay: harness.CredentialsProvidersOverlay,
+	env, err := fw.StartEnv(ctx, harness.EnvOptions{
+		Kueue: kueueOld, Workers: 1, Prefix: "k17-", Overlay: harness.CredentialsProvidersOverlay,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer env.Stop()
 
-	shipped, err := harness.RenderDeploy(peer, scratch, harness.ShippedOverlay)
+	shipped, err := harness.RenderDeploy(env.Kueue, fw.Scratch, harness.ShippedOverlay)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +39,7 @@ func TestOlderKueueCredentialsProviders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad, err := env.StartStack(ctx, filepath.Join(scratch, t.Name()+"-v0.19-config"), harness.StackOptions{KueueConfig: v19cfg})
+	bad, err := env.StartStack(ctx, fw.Dir(t.Name()+"-v0.19-config"), harness.StackOptions{KueueConfig: v19cfg})
 	if err == nil {
 		bad.Stop(ctx)
 		t.Fatalf("Kueue %s started with components/kueue-config (accessProviders); want it refused", kueueOld)
@@ -54,7 +49,7 @@ func TestOlderKueueCredentialsProviders(t *testing.T) {
 	}
 	t.Logf("Kueue %s with components/kueue-config (v0.19's accessProviders) exits at start: %s", kueueOld, firstLineWith(err.Error(), "accessProviders"))
 
-	s, err := env.StartStack(ctx, filepath.Join(scratch, t.Name()), harness.StackOptions{
+	s, err := env.StartStack(ctx, fw.Dir(t.Name()), harness.StackOptions{
 		BrokerConfig: brokerConfig(t), KueueConfig: envKueueConfig(t, env, "credentialsProviders"),
 	})
 	if err != nil {
@@ -76,7 +71,7 @@ func TestOlderKueueCredentialsProviders(t *testing.T) {
 		}
 		workers = append(workers, w)
 	}
-	dispatch(t, s, "old", "credentialProviders", workers)
+	expectDispatch(t, s, "old", "credentialProviders", workers)
 	c, err := s.Broker.CountsFor("onprem")
 	if err != nil {
 		t.Fatal(err)

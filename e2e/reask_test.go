@@ -30,8 +30,8 @@ import (
 // tls-server-name. This test process runs the shim twice with the same environment, as a
 // process with a second authenticator for a cluster does.
 func TestReaskChecks(t *testing.T) {
-	w := fleet.Workers[0]
-	dir := filepath.Join(scratch, "reask")
+	w := fw.Fleet.Workers[0]
+	dir := fw.Dir("reask")
 	run := filepath.Join(dir, "run")
 	for _, d := range []string{filepath.Join(run, "tokens")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -73,7 +73,7 @@ func TestReaskChecks(t *testing.T) {
 		}
 		info, _ := json.Marshal(map[string]any{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
 			"spec": map[string]any{"interactive": false, "cluster": c}})
-		cmd := exec.Command(filepath.Join(content, "plugins/bin/credbroker-shim"), "--provider", "onprem", "--socket", b.SocketHost)
+		cmd := exec.Command(filepath.Join(fw.Content, "plugins/bin/credbroker-shim"), "--provider", "onprem", "--socket", b.SocketHost)
 		cmd.Env = []string{"KUBERNETES_EXEC_INFO=" + string(info), "PATH=/usr/bin:/bin"}
 		// As Kueue's uid (the deploy's allowedUids); the parent is this multi-threaded process.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65532, Gid: 65532}}

@@ -26,7 +26,7 @@ func rotate(t *testing.T, s *harness.Stack, w *harness.Worker) string {
 	writeFile(t, filepath.Join(s.RunDir, "tokens", w.Name), fresh+"\n")
 	// kube-apiserver keeps a successful token authentication for 10 s whatever the webhook's
 	// cache TTL (its --token-success-cache-ttl default, no flag): only then is the old token refused.
-	time.Sleep(11 * time.Second)
+	time.Sleep(harness.TokenCacheWait)
 	return fresh
 }
 
@@ -35,9 +35,9 @@ func rotate(t *testing.T, s *harness.Stack, w *harness.Worker) string {
 // refreshes, and the cluster is usable again with no restart of anything.
 func TestRevokedTokenRecovers(t *testing.T) {
 	ctx := context.Background()
-	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, execProvider), KueueConfig: kueueConfig(t)})
-	workers, tokens := execWorkers(t, s, "revoke", fleet.Workers[:1])
-	dispatch(t, s, "revoke", "accessProviders", workers)
+	s := startStack(t, fw.Fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, execProvider), KueueConfig: kueueConfig(t)})
+	workers, tokens := execWorkers(t, s, "revoke", fw.Fleet.Workers[:1])
+	expectDispatch(t, s, "revoke", "accessProviders", workers)
 	w := workers[0]
 	runs0 := pluginRuns(s)
 	c0, _ := s.Broker.CountsFor("onprem")
@@ -46,17 +46,11 @@ func TestRevokedTokenRecovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rejected float64
 
 	revoked := time.Now()
 	tokens = append(tokens, rotate(t, s, w))
 	cut := w.Forward.Cut()
-	if err := harness.Poll(ctx, 2*time.Minute, 100*time.Millisecond, func() (bool, error) {
-		rejected, err = w.Cluster.AuthFailures(ctx)
-		return rejected > rejected0, err
-	}); err != nil {
-		t.Fatalf("Kueue never presented the revoked token (cut %d connections): %v", cut, err)
-	}
+	rejected := expectAuthFailures(t, w.Cluster, rejected0, harness.Timeout, fmt.Sprintf("Kueue never presented the revoked token (cut %d connections)", cut))
 	firstRejection := time.Since(revoked)
 	if err := s.SubmitJob(ctx, "revoke", "revoke-after"); err != nil {
 		t.Fatal(err)
@@ -64,23 +58,10 @@ func TestRevokedTokenRecovers(t *testing.T) {
 	// As in TestBrokerRestart: a Job that gets its quota while MultiKueue is reconnecting to
 	// its only worker is nominated nowhere and waits for the next event on its Workload
 	// (Kueue v0.19.2 does not requeue waiting workloads when a worker connects).
-	a, err := s.WaitAdmitted(ctx, "revoke", "revoke-after", 20*time.Second)
-	nudged := false
-	if err != nil {
-		if _, err := s.WaitActive(ctx, time.Minute, w.Name); err != nil {
-			t.Fatal(err)
-		}
-		if err := nudge(ctx, s, "revoke", "revoke-after"); err != nil {
-			t.Fatal(err)
-		}
-		nudged = true
-		if a, err = s.WaitAdmitted(ctx, "revoke", "revoke-after", 2*time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := s.WaitActive(ctx, time.Minute, w.Name); err != nil {
-		t.Fatal(err)
-	}
+	a, nudged := expectJobAdmittedNudging(t, s, "revoke", "revoke-after", harness.NudgeAfter, func() {
+		expectClustersActive(t, s, harness.ShortTimeout, w.Name)
+	})
+	expectClustersActive(t, s, harness.ShortTimeout, w.Name)
 	recovered := time.Since(revoked)
 	t.Logf("the Job submitted after the first 401 needed a Workload event: %v", nudged)
 	c1, _ := s.Broker.CountsFor("onprem")
@@ -104,14 +85,13 @@ func TestRevokedTokenRecovers(t *testing.T) {
 	noTokenIn(t, "the broker log", s.Broker.LogText(), tokens...)
 }
 
-// steadyDuration is how long TestSteadyState watches (CREDBROKER_E2E_STEADY_SECS, default
-// 120: two credential lifetimes of 60 s, four connection cuts, the ClusterProfile change
-// halfway).
+// steadyDuration is how long TestSteadyState watches: CREDBROKER_E2E_STEADY_SECS, default
+// harness.SteadyDefault.
 func steadyDuration() time.Duration {
 	if v, err := strconv.Atoi(os.Getenv("CREDBROKER_E2E_STEADY_SECS")); err == nil && v > 0 {
 		return time.Duration(v) * time.Second
 	}
-	return 120 * time.Second
+	return harness.SteadyDefault
 }
 
 // steadyMark is where a steady-state window starts: the counters and log lengths then.
@@ -188,28 +168,28 @@ func steadyViolations(s *harness.Stack, m *steadyMark, minRuns int) []string {
 // broker is stopped fail: TestBrokerRestart shows it.
 func TestSteadyState(t *testing.T) {
 	ctx := context.Background()
-	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, shortLivedExecProvider), KueueConfig: kueueConfig(t)})
-	workers, _ := execWorkers(t, s, "steady", fleet.Workers)
-	dispatch(t, s, "steady", "accessProviders", workers)
+	s := startStack(t, fw.Fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, shortLivedExecProvider()), KueueConfig: kueueConfig(t)})
+	workers, _ := execWorkers(t, s, "steady", fw.Fleet.Workers)
+	expectDispatch(t, s, "steady", "accessProviders", workers)
 	runs0 := pluginRuns(s)
 	d := steadyDuration()
 	m := markSteady(s, workers)
 	start := time.Now()
 	cuts, rebuilt := 0, false
 	for time.Since(start) < d {
-		time.Sleep(30 * time.Second)
+		time.Sleep(harness.SteadyCutEvery)
 		for _, w := range workers {
 			cuts += w.Forward.Cut()
 		}
 		if !rebuilt && time.Since(start) > d/2 {
 			rebuilt = true
 			for _, w := range workers {
-				cp, err := harness.Get(ctx, fleet.Hub.Client, "multicluster.x-k8s.io/v1alpha1", "ClusterProfile", "kueue-system", w.Name)
+				cp, err := harness.Get(ctx, fw.Fleet.Hub.Client, "multicluster.x-k8s.io/v1alpha1", "ClusterProfile", "kueue-system", w.Name)
 				if err != nil {
 					t.Fatal(err)
 				}
 				_ = harnessSetDisplayName(cp, w.Name+"-renamed")
-				if err := fleet.Hub.Client.Update(ctx, cp); err != nil {
+				if err := fw.Fleet.Hub.Client.Update(ctx, cp); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -231,9 +211,7 @@ func TestSteadyState(t *testing.T) {
 	if err := s.SubmitJob(ctx, "steady", "steady-after"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.WaitAdmitted(ctx, "steady", "steady-after", 2*time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	expectJobAdmitted(t, s, "steady", "steady-after", harness.Timeout)
 }
 
 // TestBrokerRestart: the broker stops while Kueue runs and a cluster's token is revoked; the
@@ -241,13 +219,13 @@ func TestSteadyState(t *testing.T) {
 // the Job submitted meanwhile admitted.
 func TestBrokerRestart(t *testing.T) {
 	ctx := context.Background()
-	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, execProvider), KueueConfig: kueueConfig(t)})
-	workers, _ := execWorkers(t, s, "bdown", fleet.Workers[:1])
-	dispatch(t, s, "bdown", "accessProviders", workers)
+	s := startStack(t, fw.Fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, execProvider), KueueConfig: kueueConfig(t)})
+	workers, _ := execWorkers(t, s, "bdown", fw.Fleet.Workers[:1])
+	expectDispatch(t, s, "bdown", "accessProviders", workers)
 	w := workers[0]
 	// TestSteadyState's checks over the window in which the broker is stopped must fail.
 	m := markSteady(s, workers)
-	if err := s.Broker.Stop(15 * time.Second); err != nil {
+	if err := s.Broker.Stop(harness.StopGrace); err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
@@ -256,16 +234,7 @@ func TestBrokerRestart(t *testing.T) {
 	if err := s.SubmitJob(ctx, "bdown", "bdown-meanwhile"); err != nil {
 		t.Fatal(err)
 	}
-	var line string
-	if err := harness.Poll(ctx, 2*time.Minute, 250*time.Millisecond, func() (bool, error) {
-		for _, l := range s.Kueue.LogLines("credbroker-shim: ") {
-			line = l
-			return true, nil
-		}
-		return false, nil
-	}); err != nil {
-		t.Fatalf("no credbroker-shim error in Kueue's log: %v", err)
-	}
+	line := expectKueueLogLine(t, s, "credbroker-shim: ", harness.Timeout)
 	i := strings.Index(line, "credbroker-shim: ")
 	shown := line[i:]
 	if j := strings.IndexAny(shown, "\"\\"); j > 0 {
@@ -275,14 +244,8 @@ func TestBrokerRestart(t *testing.T) {
 	if !strings.Contains(shown, "cannot connect to the broker") {
 		t.Errorf("the shim's line does not say it cannot connect to the broker: %q", shown)
 	}
-	var st, reason, msg string
-	if err := harness.Poll(ctx, 2*time.Minute, 250*time.Millisecond, func() (bool, error) {
-		st, reason, msg = s.ActiveCondition(ctx, w.Name)
-		return st == "False", nil
-	}); err != nil {
-		t.Fatalf("while the broker is down and the token revoked, %s stayed Active=%q (reason %s, message %.200q): %v", w.Name, st, reason, msg, err)
-	}
-	t.Logf("while the broker is down: %s Active=%s reason=%s message=%.200q, %.2fs after it stopped", w.Name, st, reason, msg, time.Since(stopped).Seconds())
+	reason, msg := expectClusterInactive(t, s, w.Name, "", harness.Timeout)
+	t.Logf("while the broker is down: %s Active=False reason=%s message=%.200q, %.2fs after it stopped", w.Name, reason, msg, time.Since(stopped).Seconds())
 	violations := steadyViolations(s, m, 0)
 	t.Logf("the steady-state checks over the outage: %d violations: %s", len(violations), strings.Join(violations, "; "))
 	seen := false
@@ -293,41 +256,24 @@ func TestBrokerRestart(t *testing.T) {
 	if !seen {
 		t.Errorf("the steady-state checks did not see, from Kueue's side, that the broker was stopped: %q", violations)
 	}
-	if a, err := s.WaitAdmitted(ctx, "bdown", "bdown-meanwhile", time.Second); err == nil {
-		t.Errorf("the Job was admitted on %s while the broker was down and the token revoked", a.ClusterName)
-	}
+	expectJobNotAdmitted(t, s, "bdown", "bdown-meanwhile", harness.ConsistentDuration)
 	if err := s.Broker.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
 	restarted := time.Now()
-	if _, err := s.WaitActive(ctx, 2*time.Minute, w.Name); err != nil {
-		t.Fatal(err)
-	}
+	expectClustersActive(t, s, harness.Timeout, w.Name)
 	active := time.Since(restarted)
 	// Kueue recovered: a Job submitted now is dispatched.
 	if err := s.SubmitJob(ctx, "bdown", "bdown-after"); err != nil {
 		t.Fatal(err)
 	}
-	after, err := s.WaitAdmitted(ctx, "bdown", "bdown-after", 2*time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	after := expectJobAdmitted(t, s, "bdown", "bdown-after", harness.Timeout)
 	// The Job submitted during the outage is not lost. Kueue v0.19.2 dispatches it at once when
 	// the worker was still connected when it got its quota; when no worker was connected it
 	// nominates none and waits for the next event on that Workload (MultiKueue does not requeue
 	// waiting workloads when a worker connects). Seen both ways here; an annotation on the
 	// Workload is such an event.
-	a, err := s.WaitAdmitted(ctx, "bdown", "bdown-meanwhile", 15*time.Second)
-	nudged := false
-	if err != nil {
-		if err := nudge(ctx, s, "bdown", "bdown-meanwhile"); err != nil {
-			t.Fatal(err)
-		}
-		nudged = true
-		if a, err = s.WaitAdmitted(ctx, "bdown", "bdown-meanwhile", 2*time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a, nudged := expectJobAdmittedNudging(t, s, "bdown", "bdown-meanwhile", harness.NudgeAfterRecovery, nil)
 	c, _ := s.Broker.CountsFor("onprem")
 	t.Logf("broker back: %s Active %.2fs after the restart; a new Job admitted on %s; the Job submitted while it was down (%s) admitted on %s (needed a Workload event: %v); %v GetToken calls, %v upstream fetches since the restart",
 		w.Name, active.Seconds(), after.ClusterName, a.Workload, a.ClusterName, nudged, c.Requests, c.Fetches)
@@ -337,14 +283,14 @@ func TestBrokerRestart(t *testing.T) {
 func nudge(ctx context.Context, s *harness.Stack, ns, job string) error {
 	// The Workload can be replaced between the list and the update (Kueue deletes and
 	// recreates it when a new manager finds it out of date): a Workload that is gone or
-	// changed is looked up again, within nudgeWithin.
-	return harness.Poll(ctx, nudgeWithin, 250*time.Millisecond, func() (bool, error) {
+	// changed is looked up again, within harness.NudgeRetryTimeout.
+	return harness.Eventually(ctx, harness.NudgeRetryTimeout, harness.Interval, func() error {
 		wls, err := s.JobWorkloads(ctx, ns, job)
 		if err != nil {
-			return false, harness.Fatal(err)
+			return harness.StopTrying(err)
 		}
 		if len(wls) == 0 {
-			return false, fmt.Errorf("no Workload of Job %s/%s", ns, job)
+			return fmt.Errorf("no Workload of Job %s/%s", ns, job)
 		}
 		wl := wls[0]
 		ann := wl.GetAnnotations()
@@ -353,50 +299,39 @@ func nudge(ctx context.Context, s *harness.Stack, ns, job string) error {
 		}
 		ann["e2e.credbroker.dev/nudge"] = time.Now().UTC().Format(time.RFC3339Nano)
 		wl.SetAnnotations(ann)
-		err = fleet.Hub.Client.Update(ctx, &wl)
+		err = s.Env.Hub.Client.Update(ctx, &wl)
 		switch {
 		case err == nil:
-			return true, nil
+			return nil
 		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
-			return false, err
+			return err
 		default:
-			return false, harness.Fatal(err)
+			return harness.StopTrying(err)
 		}
 	})
 }
-
-// nudgeWithin bounds nudge's retries: a Workload replaced by Kueue is back within seconds.
-const nudgeWithin = 15 * time.Second
 
 // TestKueueRestart: Kueue's manager restarts while the broker runs: every cluster is served
 // from the broker's cache, no upstream fetch.
 func TestKueueRestart(t *testing.T) {
 	ctx := context.Background()
-	s := startStack(t, fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, execProvider), KueueConfig: kueueConfig(t)})
-	workers, _ := execWorkers(t, s, "krestart", fleet.Workers)
-	dispatch(t, s, "krestart", "accessProviders", workers)
+	s := startStack(t, fw.Fleet, harness.StackOptions{BrokerConfig: brokerConfig(t, execProvider), KueueConfig: kueueConfig(t)})
+	workers, _ := execWorkers(t, s, "krestart", fw.Fleet.Workers)
+	expectDispatch(t, s, "krestart", "accessProviders", workers)
 	runs0 := pluginRuns(s)
 	c0, _ := s.Broker.CountsFor("onprem")
-	if err := s.Kueue.Stop(30 * time.Second); err != nil {
+	if err := s.Kueue.Stop(harness.KueueRestartGrace); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
 	if err := s.StartKueue(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := harness.Poll(ctx, 2*time.Minute, 200*time.Millisecond, func() (bool, error) {
-		c, err := s.Broker.CountsFor("onprem")
-		return err == nil && c.Requests-c0.Requests >= float64(len(workers)), err
-	}); err != nil {
-		t.Fatalf("the restarted Kueue did not ask the broker for every cluster: %v", err)
-	}
+	expectBrokerCalls(t, s.Broker, "onprem", c0, len(workers), harness.Timeout)
 	if err := s.SubmitJob(ctx, "krestart", "krestart-after"); err != nil {
 		t.Fatal(err)
 	}
-	a, err := s.WaitAdmitted(ctx, "krestart", "krestart-after", 2*time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := expectJobAdmitted(t, s, "krestart", "krestart-after", harness.Timeout)
 	c1, _ := s.Broker.CountsFor("onprem")
 	runs := pluginRuns(s) - runs0
 	t.Logf("Kueue restarted: Job admitted on %s %.2fs after the restart; %v GetToken calls, %d upstream fetches, %v re-asks (%v confirmed rejections)",

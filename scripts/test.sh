@@ -208,7 +208,7 @@ cargo build --locked -q -p credbroker-bench
 # The benchmarks keep working (BENCHMARKS.md): --smoke, seconds of each section, nothing timed.
 background image-tests-and-bench bash -c 'cargo test --locked -p credbroker-tests --test image \
     && cargo run --locked -q -p credbroker-bench -- --smoke >/dev/null'
-(cd e2e && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e)|_test\.go:[0-9]+: ' | cut -c1-600; exit "${PIPESTATUS[0]}")
+(cd e2e && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . ./harness 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e)|_test\.go:[0-9]+: ' | cut -c1-600; exit "${PIPESTATUS[0]}")
 finish image-tests-and-bench
 
 say "done"

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"sigs.k8s.io/yaml"
 )
@@ -121,15 +120,14 @@ func (b *Broker) Restart(ctx context.Context) error {
 	if err := b.Start(); err != nil {
 		return err
 	}
-	err := Poll(ctx, 30*time.Second, 200*time.Millisecond, func() (bool, error) {
+	err := Eventually(ctx, BrokerHealthTimeout, FastInterval, func() error {
 		if !b.Running() {
-			return false, Fatal(fmt.Errorf("the broker exited"))
+			return StopTrying(fmt.Errorf("the broker exited"))
 		}
-		err := exec.Command(filepath.Join(b.content, "bin/credbroker"), "health", "--socket", b.SocketHost, "--timeout", "2s").Run()
-		return err == nil, err
+		return exec.Command(filepath.Join(b.content, "bin/credbroker"), "health", "--socket", b.SocketHost, "--timeout", BrokerHealthCallTimeout.String()).Run()
 	})
 	if err != nil {
-		_ = b.Stop(5 * time.Second)
+		_ = b.Stop(QuickStopGrace)
 		return fmt.Errorf("broker not healthy: %w; log:\n%s", err, Tail(b.LogText(), 30))
 	}
 	return nil

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -85,8 +84,8 @@ func StartCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 	env := &envtest.Environment{
 		CRDDirectoryPaths:        crds,
 		ErrorIfCRDPathMissing:    true,
-		ControlPlaneStartTimeout: 3 * time.Minute, // 2 cores, several control planes
-		ControlPlaneStopTimeout:  time.Minute,
+		ControlPlaneStartTimeout: ControlPlaneStartTimeout,
+		ControlPlaneStopTimeout:  ControlPlaneStopTimeout,
 		WebhookInstallOptions:    webhooks,
 	}
 	env.ControlPlane.Etcd = &envtest.Etcd{Path: o.Peers.Etcd}

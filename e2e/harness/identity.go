@@ -91,9 +91,15 @@ func (c *Cluster) RevokeWorkerIdentity(ctx context.Context) error {
 	if err := sas.Delete(ctx, WorkerIdentityName, metav1.DeleteOptions{}); err != nil {
 		return fmt.Errorf("%s: delete ServiceAccount %s: %w", c.Name, WorkerIdentityName, err)
 	}
-	if err := Poll(ctx, 30*time.Second, 100*time.Millisecond, func() (bool, error) {
+	if err := Eventually(ctx, ServiceAccountGoneTimeout, FastInterval, func() error {
 		_, err := sas.Get(ctx, WorkerIdentityName, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), err
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err == nil {
+			return fmt.Errorf("still there")
+		}
+		return err
 	}); err != nil {
 		return fmt.Errorf("%s: ServiceAccount %s not deleted: %w", c.Name, WorkerIdentityName, err)
 	}

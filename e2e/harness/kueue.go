@@ -215,8 +215,8 @@ func StartKueue(ctx context.Context, o KueueOptions, healthPort int) (*Kueue, er
 	if err := k.Start(); err != nil {
 		return nil, err
 	}
-	if err := k.WaitReady(ctx, 3*time.Minute); err != nil {
-		_ = k.Stop(10 * time.Second)
+	if err := k.WaitReady(ctx, KueueReadyTimeout); err != nil {
+		_ = k.Stop(DaemonStopGrace)
 		return nil, err
 	}
 	return k, nil
@@ -225,16 +225,19 @@ func StartKueue(ctx context.Context, o KueueOptions, healthPort int) (*Kueue, er
 // WaitReady waits until Kueue's /readyz answers 200 (its webhooks serve by then).
 func (k *Kueue) WaitReady(ctx context.Context, timeout time.Duration) error {
 	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", k.HealthPort)
-	err := Poll(ctx, timeout, 500*time.Millisecond, func() (bool, error) {
+	err := Eventually(ctx, timeout, Interval, func() error {
 		if !k.Running() {
-			return false, Fatal(fmt.Errorf("kueue %s exited", k.Name))
+			return StopTrying(fmt.Errorf("kueue %s exited", k.Name))
 		}
 		resp, err := http.Get(url)
 		if err != nil {
-			return false, err
+			return err
 		}
 		resp.Body.Close()
-		return resp.StatusCode == 200, fmt.Errorf("readyz %d", resp.StatusCode)
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("readyz %d", resp.StatusCode)
+		}
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("kueue %s not ready: %w; log tail:\n%s", k.Name, err, Tail(k.LogText(), 30))

@@ -91,7 +91,7 @@ const ScratchEnv = "CREDBROKER_E2E_SCRATCH"
 // child is gone first).
 func childNetns(pid int) string {
 	own, _ := os.Readlink("/proc/self/ns/net")
-	for i := 0; i < 200; i++ { // unshare needs milliseconds; 10 s at most
+	for i := 0; i < netnsWaitRounds; i++ {
 		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
 		if err != nil {
 			return ""
@@ -99,7 +99,7 @@ func childNetns(pid int) string {
 		if ns != own {
 			return ns
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(netnsPollInterval)
 	}
 	return ""
 }
@@ -123,7 +123,7 @@ func sweep(pid int, netns, scratch string) {
 		if found == 0 {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(killRoundInterval)
 	}
 	if hierarchies, err := cgroupHierarchies(); err == nil {
 		for _, h := range hierarchies {

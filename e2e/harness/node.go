@@ -35,9 +35,6 @@ const (
 	runcPath = "/usr/sbin/runc"
 	// cniBinDir holds Debian's CNI plugins (containernetworking-plugins).
 	cniBinDir = "/usr/lib/cni"
-	// nodeStartTimeout bounds the node's start (containerd, kubelet registered and Ready):
-	// seconds when warm; the 2-core machine under the rest of the suite is slower.
-	nodeStartTimeout = 2 * time.Minute
 	// shimSocketRoot is where containerd's shims put their sockets, a fixed path (containerd's
 	// defaults.DefaultStateDir) whatever the configured state directory.
 	shimSocketRoot = "/run/containerd"
@@ -158,22 +155,25 @@ func StartNode(ctx context.Context, o NodeOptions) (n *Node, err error) {
 			return nil, err
 		}
 	}
-	if err := Poll(ctx, nodeStartTimeout, 500*time.Millisecond, func() (bool, error) {
+	if err := Eventually(ctx, NodeStartTimeout, Interval, func() error {
 		for _, d := range []*Daemon{n.Containerd, n.Controller, n.Scheduler, n.Proxy, n.Kubelet} {
 			if !d.Running() {
-				return false, Fatal(fmt.Errorf("%s exited:\n%s", d.Name, Tail(d.LogText(), 30)))
+				return StopTrying(fmt.Errorf("%s exited:\n%s", d.Name, Tail(d.LogText(), 30)))
 			}
 		}
 		var node corev1.Node
 		if err := o.Hub.Client.Get(ctx, client.ObjectKey{Name: NodeName}, &node); err != nil {
-			return false, err
+			return err
 		}
 		for _, c := range node.Status.Conditions {
 			if c.Type == corev1.NodeReady {
-				return c.Status == corev1.ConditionTrue, fmt.Errorf("node %s: Ready=%s %s: %s", NodeName, c.Status, c.Reason, c.Message)
+				if c.Status == corev1.ConditionTrue {
+					return nil
+				}
+				return fmt.Errorf("node %s: Ready=%s %s: %s", NodeName, c.Status, c.Reason, c.Message)
 			}
 		}
-		return false, fmt.Errorf("node %s: no Ready condition yet", NodeName)
+		return fmt.Errorf("node %s: no Ready condition yet", NodeName)
 	}); err != nil {
 		return nil, fmt.Errorf("node: %w\nkubelet log:\n%s", err, Tail(n.Kubelet.LogText(), 30))
 	}
@@ -349,12 +349,12 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	if err := n.Containerd.Start(); err != nil {
 		return err
 	}
-	return Poll(ctx, time.Minute, 200*time.Millisecond, func() (bool, error) {
+	return Eventually(ctx, ContainerdSocketTimeout, FastInterval, func() error {
 		if !n.Containerd.Running() {
-			return false, Fatal(fmt.Errorf("containerd exited:\n%s", Tail(n.Containerd.LogText(), 30)))
+			return StopTrying(fmt.Errorf("containerd exited:\n%s", Tail(n.Containerd.LogText(), 30)))
 		}
 		_, err := os.Stat(n.CRISocket)
-		return err == nil, err
+		return err
 	})
 }
 
@@ -463,17 +463,17 @@ func cgroupHierarchies() ([]string, error) {
 func (n *Node) Stop() {
 	for _, d := range []*Daemon{n.Scheduler, n.Controller, n.Kubelet} {
 		if d != nil {
-			_ = d.Stop(10 * time.Second)
+			_ = d.Stop(DaemonStopGrace)
 		}
 	}
 	if n.Containerd != nil && n.Containerd.Running() {
 		n.removeSandboxes()
 	}
 	if n.Containerd != nil {
-		_ = n.Containerd.Stop(10 * time.Second)
+		_ = n.Containerd.Stop(DaemonStopGrace)
 	}
 	if n.Proxy != nil {
-		_ = n.Proxy.Stop(5 * time.Second)
+		_ = n.Proxy.Stop(QuickStopGrace)
 	}
 	n.killShims()
 	unmountUnder(n.o.Dir)
@@ -487,7 +487,7 @@ func (n *Node) Stop() {
 // when it deletes a pod: containerd stops the containers, runs the CNI plugins' DEL and
 // removes the network namespace.
 func (n *Node) removeSandboxes() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), SandboxRemovalTimeout)
 	defer cancel()
 	rt, done, err := n.runtimeClient()
 	if err != nil {
@@ -575,7 +575,7 @@ func killCgroupTree(root string) {
 		if found == 0 {
 			return
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(killRoundInterval)
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -19,11 +18,6 @@ const (
 	ImageVolumeOverlay = "kueue/image-volume"
 	InitCopyOverlay    = "kueue/init-copy"
 )
-
-// kueueDeployTimeout bounds the manager pod's way to Available: pulling both images, the
-// sidecar's startup probe, Kueue's certificate controller writing its Secret and the
-// kubelet updating the mounted copy (syncFrequency), Kueue's webhooks and readiness probe.
-const kueueDeployTimeout = 4 * time.Minute
 
 // Image is one entry of a kustomization's `images:`.
 type Image struct {
@@ -42,30 +36,28 @@ type NodeHub struct {
 	CredbrokerImage, KueueImage Image
 }
 
-// NodeHubOptions: what the hub runs and which workers it dispatches to.
+// NodeHubOptions: which workers the hub dispatches to (the framework gives it the peers,
+// the Kueue and its directory: Framework.StartNodeHub).
 type NodeHubOptions struct {
-	Dir     string
-	Peers   *Peers
-	Kueue   KueuePeer
 	Workers []*Cluster // already running, with their Kueue (another Env's; not stopped here)
 }
 
-// StartNodeHub starts a registry with the images, the hub control plane and the node.
-func StartNodeHub(ctx context.Context, o NodeHubOptions) (h *NodeHub, err error) {
-	h = &NodeHub{Env: &Env{Peers: o.Peers, Kueue: o.Kueue, Dir: o.Dir, Workers: o.Workers}}
+// startNodeHub starts a registry with the images, the hub control plane and the node.
+func startNodeHub(ctx context.Context, dir string, peers *Peers, kueue KueuePeer, o NodeHubOptions) (h *NodeHub, err error) {
+	h = &NodeHub{Env: &Env{Peers: peers, Kueue: kueue, Dir: dir, Workers: o.Workers}}
 	defer func() {
 		if err != nil {
 			h.Stop()
 			h = nil
 		}
 	}()
-	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	if h.Registry, err = StartRegistry(ctx, filepath.Join(o.Dir, "registry"), o.Peers.Crane); err != nil {
+	if h.Registry, err = StartRegistry(ctx, filepath.Join(dir, "registry"), peers.Crane); err != nil {
 		return nil, err
 	}
-	kueueArchive, err := KueueImage(ctx, o.Kueue)
+	kueueArchive, err := KueueImage(ctx, kueue)
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +65,7 @@ func StartNodeHub(ctx context.Context, o NodeHubOptions) (h *NodeHub, err error)
 	if err != nil {
 		return nil, err
 	}
-	credbrokerArchive, err := CredbrokerImage(ctx, filepath.Join(o.Dir, "credbroker-image.tar"))
+	credbrokerArchive, err := CredbrokerImage(ctx, filepath.Join(dir, "credbroker-image.tar"))
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +73,7 @@ func StartNodeHub(ctx context.Context, o NodeHubOptions) (h *NodeHub, err error)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := h.Registry.Push(ctx, kueueArchive, "kueue", o.Kueue.Version); err != nil {
+	if _, err := h.Registry.Push(ctx, kueueArchive, "kueue", kueue.Version); err != nil {
 		return nil, err
 	}
 	version, err := credbrokerVersion()
@@ -91,13 +83,13 @@ func StartNodeHub(ctx context.Context, o NodeHubOptions) (h *NodeHub, err error)
 	if _, err := h.Registry.Push(ctx, credbrokerArchive, "credbroker", version); err != nil {
 		return nil, err
 	}
-	h.KueueImage = Image{Name: kueueManifestImage, NewName: h.Registry.Addr + "/kueue", NewTag: o.Kueue.Version}
+	h.KueueImage = Image{Name: kueueManifestImage, NewName: h.Registry.Addr + "/kueue", NewTag: kueue.Version}
 	h.CredbrokerImage = Image{Name: "credbroker", NewName: h.Registry.Addr + "/credbroker", NewTag: version}
 
-	if h.Hub, err = StartCluster(ctx, ClusterOptions{Name: "node-hub", Peers: o.Peers, Kueue: o.Kueue, Hub: true, Node: true, Dir: filepath.Join(o.Dir, "hub")}); err != nil {
+	if h.Hub, err = StartCluster(ctx, ClusterOptions{Name: "node-hub", Peers: peers, Kueue: kueue, Hub: true, Node: true, Dir: filepath.Join(dir, "hub")}); err != nil {
 		return nil, err
 	}
-	if h.Node, err = StartNode(ctx, NodeOptions{Dir: filepath.Join(o.Dir, "node"), Peers: o.Peers, Hub: h.Hub, Registry: h.Registry.Addr, Pause: pause}); err != nil {
+	if h.Node, err = StartNode(ctx, NodeOptions{Dir: filepath.Join(dir, "node"), Peers: peers, Hub: h.Hub, Registry: h.Registry.Addr, Pause: pause}); err != nil {
 		return nil, err
 	}
 	return h, nil
@@ -151,10 +143,10 @@ func (h *NodeHub) Deploy(ctx context.Context, overlay string, components map[str
 	if out, err := h.Hub.Kubectl(nil, "apply", "--server-side", "-f", path); err != nil {
 		return nil, fmt.Errorf("kubectl apply --server-side %s: %w\n%s", overlay, err, out)
 	}
-	if err := Poll(ctx, kueueDeployTimeout, time.Second, func() (bool, error) {
+	if err := Eventually(ctx, KueueDeployTimeout, SlowInterval, func() error {
 		var d appsv1.Deployment
 		if err := h.Hub.Client.Get(ctx, client.ObjectKey{Namespace: KueueNamespace, Name: "kueue-controller-manager"}, &d); err != nil {
-			return false, err
+			return err
 		}
 		// Rolled out (kubectl rollout status): the new template's pods all available, no old
 		// pod counted any more.
@@ -164,9 +156,9 @@ func (h *NodeHub) Deploy(ctx context.Context, overlay string, components map[str
 		}
 		st := d.Status
 		if st.ObservedGeneration >= d.Generation && st.UpdatedReplicas == want && st.Replicas == want && st.AvailableReplicas == want {
-			return true, nil
+			return nil
 		}
-		return false, fmt.Errorf("deployment not rolled out (%d updated, %d available of %d; %d pods):%s", st.UpdatedReplicas, st.AvailableReplicas, want, st.Replicas, h.PodSummary(ctx))
+		return fmt.Errorf("deployment not rolled out (%d updated, %d available of %d; %d pods):%s", st.UpdatedReplicas, st.AvailableReplicas, want, st.Replicas, h.PodSummary(ctx))
 	}); err != nil {
 		return nil, err
 	}

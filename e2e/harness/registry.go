@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"time"
 )
 
 // Registry is an OCI registry on loopback that the suite's node pulls its images from: the
@@ -25,13 +24,6 @@ type Registry struct {
 
 	daemon *Daemon
 }
-
-// Bounds of the registry's lifecycle. crane starts in milliseconds; the wait covers a loaded
-// machine. Its shutdown is an http.Server.Shutdown with nothing in flight.
-const (
-	registryStartTimeout = 30 * time.Second
-	registryStopGrace    = 5 * time.Second
-)
 
 // servingOn is crane's start-up line (cmd/crane/cmd/serve.go: `serving on port %s`), which
 // names the port it bound: the registry binds port 0 itself, so no other process can take a
@@ -55,14 +47,15 @@ func StartRegistry(ctx context.Context, dir string, crane string) (*Registry, er
 	if err := r.daemon.Start(); err != nil {
 		return nil, err
 	}
-	err := Poll(ctx, registryStartTimeout, 50*time.Millisecond, func() (bool, error) {
+	// crane starts in milliseconds; RegistryStartTimeout covers a loaded machine.
+	err := Eventually(ctx, RegistryStartTimeout, FastInterval, func() error {
 		if !r.daemon.Running() {
-			return false, Fatal(fmt.Errorf("crane registry serve exited: %s", Tail(r.LogText(), 10)))
+			return StopTrying(fmt.Errorf("crane registry serve exited: %s", Tail(r.LogText(), 10)))
 		}
 		if r.Addr == "" {
 			m := servingOn.FindStringSubmatch(r.LogText())
 			if m == nil {
-				return false, nil
+				return fmt.Errorf("no %q line in its log yet", "serving on port")
 			}
 			r.Addr = "127.0.0.1:" + m[1]
 		}
@@ -76,29 +69,30 @@ func StartRegistry(ctx context.Context, dir string, crane string) (*Registry, er
 }
 
 // probeV2 asks GET /v2/ (the distribution API's version check).
-func probeV2(addr string) (bool, error) {
-	c := http.Client{Timeout: 2 * time.Second}
+func probeV2(addr string) error {
+	c := http.Client{Timeout: RegistryProbeTimeout}
 	resp, err := c.Get("http://" + addr + "/v2/")
 	if err != nil {
-		return false, err
+		return err
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return false, fmt.Errorf("GET http://%s/v2/: %s", addr, resp.Status)
+		return fmt.Errorf("GET http://%s/v2/: %s", addr, resp.Status)
 	}
-	return true, nil
+	return nil
 }
 
 // LogText is the registry's log so far.
 func (r *Registry) LogText() string { return logText(r.Log) }
 
-// Stop ends the registry: SIGTERM to its process group, then SIGKILL after
-// registryStopGrace. It returns once the process is reaped; calling it again does nothing.
+// Stop ends the registry: SIGTERM to its process group, then SIGKILL after QuickStopGrace
+// (its shutdown is an http.Server.Shutdown with nothing in flight). It returns once the
+// process is reaped; calling it again does nothing.
 func (r *Registry) Stop() {
 	if r == nil || r.daemon == nil {
 		return
 	}
-	_ = r.daemon.Stop(registryStopGrace)
+	_ = r.daemon.Stop(QuickStopGrace)
 }
 
 // Push copies an OCI archive (one image, or an index with every image it names) to

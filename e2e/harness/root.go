@@ -2,14 +2,11 @@ package harness
 
 import (
 	"bufio"
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 )
 
 // Mount is one volume of a "container": Src on the host appears at Dst inside its root.
@@ -112,40 +109,4 @@ func logLines(path, sub string) []string {
 		}
 	}
 	return out
-}
-
-// FatalError ends a Poll at once.
-type FatalError struct{ Err error }
-
-func (f *FatalError) Error() string { return f.Err.Error() }
-
-// Fatal wraps err so that Poll stops.
-func Fatal(err error) error { return &FatalError{Err: err} }
-
-// Poll calls cond every interval until it returns true, an error, or timeout passes.
-func Poll(ctx context.Context, timeout, interval time.Duration, cond func() (bool, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var last error
-	for {
-		ok, err := cond()
-		if ok {
-			return nil
-		}
-		var fatal *FatalError
-		if errors.As(err, &fatal) {
-			return fatal.Err
-		}
-		if err != nil {
-			last = err
-		}
-		select {
-		case <-ctx.Done():
-			if last != nil {
-				return fmt.Errorf("not within %s: %w", timeout, last)
-			}
-			return errors.New("not within " + timeout.String())
-		case <-time.After(interval):
-		}
-	}
 }

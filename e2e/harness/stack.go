@@ -33,15 +33,16 @@ type Env struct {
 	HubIdentity *ServiceAccountVolume
 }
 
-// EnvOptions: what one fleet runs.
+// EnvOptions: what one fleet runs. The framework gives it the peers, the image content and
+// the token plugin (Framework.StartEnv).
 type EnvOptions struct {
-	Dir         string
-	Peers       *Peers
-	Kueue       KueuePeer
-	Workers     int
-	Content     string // the image content
-	TokenPlugin string // the exec provider's upstream (cmd/tokenplugin)
-	Prefix      string // of every cluster's name
+	// Kueue is the version of the Kueue peer every cluster of the fleet runs.
+	Kueue string
+	// Workers is how many worker clusters the fleet has.
+	Workers int
+	// Prefix is put before every cluster's name ("" for the suite's fleet); the fleet's
+	// directory under the scratch directory is "fleet" followed by it.
+	Prefix string
 	// Overlay is the kustomization the hub's manager pod comes from: ShippedOverlay, or
 	// CredentialsProvidersOverlay for Kueue v0.15–v0.18.
 	Overlay string
@@ -65,19 +66,20 @@ spec:
       - {name: memory, nominalQuota: 100Gi}
 `
 
-// StartEnv starts the hub and the workers (in parallel), gives each Kueue its release
+// startEnv starts the hub and the workers (in parallel), gives each Kueue its release
 // manifests' ServiceAccount and RBAC, applies the worker RBAC on each worker, and starts a
 // Kueue on each worker.
-func StartEnv(ctx context.Context, o EnvOptions) (*Env, error) {
-	e := &Env{Peers: o.Peers, Kueue: o.Kueue, Content: o.Content, TokenPlugin: o.TokenPlugin, Dir: o.Dir}
-	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+func startEnv(ctx context.Context, f *Framework, kueue KueuePeer, o EnvOptions) (*Env, error) {
+	dir := f.Dir("fleet" + strings.TrimSuffix("-"+o.Prefix, "-"))
+	e := &Env{Peers: f.Peers, Kueue: kueue, Content: f.Content, TokenPlugin: f.TokenPlugin, Dir: dir}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	var err error
-	if e.Rendered, err = RenderDeploy(o.Kueue, o.Dir, o.Overlay); err != nil {
+	if e.Rendered, err = RenderDeploy(kueue, dir, o.Overlay); err != nil {
 		return nil, err
 	}
-	release, err := RenderKueueRelease(o.Kueue)
+	release, err := RenderKueueRelease(kueue)
 	if err != nil {
 		return nil, err
 	}
@@ -88,13 +90,13 @@ func StartEnv(ctx context.Context, o EnvOptions) (*Env, error) {
 	wg.Add(n + 1)
 	go func() {
 		defer wg.Done()
-		e.Hub, errs[n] = StartCluster(ctx, ClusterOptions{Name: o.Prefix + "hub", Peers: o.Peers, Kueue: o.Kueue, Hub: true, Dir: filepath.Join(o.Dir, o.Prefix+"hub")})
+		e.Hub, errs[n] = StartCluster(ctx, ClusterOptions{Name: o.Prefix + "hub", Peers: f.Peers, Kueue: kueue, Hub: true, Dir: filepath.Join(dir, o.Prefix+"hub")})
 	}()
 	for i := 0; i < n; i++ {
 		go func(i int) {
 			defer wg.Done()
 			name := fmt.Sprintf("%sworker-%d", o.Prefix, i+1)
-			e.Workers[i], errs[i] = StartCluster(ctx, ClusterOptions{Name: name, Peers: o.Peers, Kueue: o.Kueue, Dir: filepath.Join(o.Dir, name)})
+			e.Workers[i], errs[i] = StartCluster(ctx, ClusterOptions{Name: name, Peers: f.Peers, Kueue: kueue, Dir: filepath.Join(dir, name)})
 		}(i)
 	}
 	wg.Wait()
@@ -108,7 +110,7 @@ func StartEnv(ctx context.Context, o EnvOptions) (*Env, error) {
 	if err := e.Hub.InstallKueueRBAC(e.Rendered); err != nil {
 		return fail(err)
 	}
-	if e.HubIdentity, err = e.Hub.ServiceAccountVolume(ctx, filepath.Join(o.Dir, "hub-serviceaccount"), KueueNamespace, KueueServiceAccount); err != nil {
+	if e.HubIdentity, err = e.Hub.ServiceAccountVolume(ctx, filepath.Join(dir, "hub-serviceaccount"), KueueNamespace, KueueServiceAccount); err != nil {
 		return fail(err)
 	}
 	for _, w := range e.Workers {
@@ -118,7 +120,7 @@ func StartEnv(ctx context.Context, o EnvOptions) (*Env, error) {
 		if err := w.InstallKueueRBAC(release); err != nil {
 			return fail(err)
 		}
-		id, err := w.ServiceAccountVolume(ctx, filepath.Join(o.Dir, w.Name, "serviceaccount"), KueueNamespace, KueueServiceAccount)
+		id, err := w.ServiceAccountVolume(ctx, filepath.Join(dir, w.Name, "serviceaccount"), KueueNamespace, KueueServiceAccount)
 		if err != nil {
 			return fail(err)
 		}
@@ -129,7 +131,7 @@ func StartEnv(ctx context.Context, o EnvOptions) (*Env, error) {
 		hp, _ := FreePort()
 		mp, _ := FreePort()
 		HostProcessOverrides(cfg, w, hp, mp)
-		k, err := StartKueue(ctx, KueueOptions{Name: "kueue-" + w.Name, Peer: o.Kueue, Cluster: w, Config: cfg, Dir: filepath.Join(o.Dir, w.Name, "kueue"), Identity: id}, hp)
+		k, err := StartKueue(ctx, KueueOptions{Name: "kueue-" + w.Name, Peer: kueue, Cluster: w, Config: cfg, Dir: filepath.Join(dir, w.Name, "kueue"), Identity: id}, hp)
 		if err != nil {
 			return fail(err)
 		}
@@ -148,7 +150,7 @@ func (e *Env) KueueConfig() (map[string]any, error) { return KueueConfigOf(e.Ren
 // Stop stops every process of the fleet.
 func (e *Env) Stop() {
 	for _, k := range e.WorkerKueues {
-		_ = k.Stop(10 * time.Second)
+		_ = k.Stop(DaemonStopGrace)
 	}
 	for _, w := range e.Workers {
 		_ = w.Stop()
@@ -254,10 +256,10 @@ func (s *Stack) Stop(ctx context.Context) {
 		_ = s.Env.Hub.Client.Delete(ctx, s.created[i])
 	}
 	if s.Kueue != nil {
-		_ = s.Kueue.Stop(15 * time.Second)
+		_ = s.Kueue.Stop(StopGrace)
 	}
 	if s.Broker != nil {
-		_ = s.Broker.Stop(15 * time.Second)
+		_ = s.Broker.Stop(StopGrace)
 	}
 	for _, f := range s.forwards {
 		f.Close()
@@ -420,40 +422,6 @@ spec:
 	return created, nil
 }
 
-// WaitActive waits until every named MultiKueueCluster is Active=True and returns when each was seen so.
-func (s *Stack) WaitActive(ctx context.Context, timeout time.Duration, names ...string) (map[string]time.Time, error) {
-	seen := map[string]time.Time{}
-	last := map[string]string{}
-	err := Poll(ctx, timeout, 200*time.Millisecond, func() (bool, error) {
-		for _, n := range names {
-			if _, ok := seen[n]; ok {
-				continue
-			}
-			obj, err := Get(ctx, s.Env.Hub.Client, "kueue.x-k8s.io/v1beta2", "MultiKueueCluster", "", n)
-			if err != nil {
-				return false, err
-			}
-			st, reason, msg := Condition(obj, "Active")
-			if st == "True" {
-				seen[n] = time.Now()
-			} else {
-				last[n] = fmt.Sprintf("Active=%q reason=%q message=%q", st, reason, msg)
-			}
-		}
-		return len(seen) == len(names), nil
-	})
-	if err != nil {
-		var missing []string
-		for _, n := range names {
-			if _, ok := seen[n]; !ok {
-				missing = append(missing, n+": "+last[n])
-			}
-		}
-		return seen, fmt.Errorf("MultiKueueClusters not Active: %s: %w", strings.Join(missing, "; "), err)
-	}
-	return seen, nil
-}
-
 // ActiveCondition is the Active condition of a MultiKueueCluster.
 func (s *Stack) ActiveCondition(ctx context.Context, name string) (status, reason, message string) {
 	obj, err := Get(ctx, s.Env.Hub.Client, "kueue.x-k8s.io/v1beta2", "MultiKueueCluster", "", name)
@@ -489,40 +457,35 @@ type Admission struct {
 	At                                              time.Time
 }
 
-// WaitAdmitted waits until the hub's Workload of the Job has status.clusterName and its
-// MultiKueue admission check Ready, and its copy exists on that worker.
-func (s *Stack) WaitAdmitted(ctx context.Context, set, job string, timeout time.Duration) (*Admission, error) {
-	var a Admission
-	var lastState string
-	err := Poll(ctx, timeout, 250*time.Millisecond, func() (bool, error) {
-		wls, err := s.JobWorkloads(ctx, set, job)
-		if err != nil {
-			return false, err
-		}
-		for _, wl := range wls {
-			a.Workload = wl.GetName()
-			a.ClusterName, _, _ = unstructured.NestedString(wl.Object, "status", "clusterName")
-			checks, _, _ := unstructured.NestedSlice(wl.Object, "status", "admissionChecks")
-			for _, c := range checks {
-				m, _ := c.(map[string]any)
-				if m["name"] == set {
-					a.CheckState, _ = m["state"].(string)
-					a.CheckMessage, _ = m["message"].(string)
-				}
-			}
-			adm, _, _ := Condition(&wl, "Admitted")
-			lastState = fmt.Sprintf("workload %s clusterName=%q check=%q (%s) Admitted=%q", a.Workload, a.ClusterName, a.CheckState, a.CheckMessage, adm)
-			if a.ClusterName != "" && a.CheckState == "Ready" && adm == "True" {
-				a.At = time.Now()
-				return true, nil
-			}
-		}
-		return false, fmt.Errorf("%s", lastState)
-	})
+// Admission looks once at the hub's Workload of the Job: admitted once it has
+// status.clusterName, its MultiKueue admission check Ready and Admitted=True; otherwise the
+// error says what it shows.
+func (s *Stack) Admission(ctx context.Context, set, job string) (*Admission, error) {
+	wls, err := s.JobWorkloads(ctx, set, job)
 	if err != nil {
-		return nil, fmt.Errorf("job %s/%s not admitted on a worker: %w", set, job, err)
+		return nil, err
 	}
-	return &a, nil
+	state := fmt.Sprintf("no Workload of Job %s/%s", set, job)
+	for _, wl := range wls {
+		var a Admission
+		a.Workload = wl.GetName()
+		a.ClusterName, _, _ = unstructured.NestedString(wl.Object, "status", "clusterName")
+		checks, _, _ := unstructured.NestedSlice(wl.Object, "status", "admissionChecks")
+		for _, c := range checks {
+			m, _ := c.(map[string]any)
+			if m["name"] == set {
+				a.CheckState, _ = m["state"].(string)
+				a.CheckMessage, _ = m["message"].(string)
+			}
+		}
+		adm, _, _ := Condition(&wl, "Admitted")
+		if a.ClusterName != "" && a.CheckState == "Ready" && adm == "True" {
+			a.At = time.Now()
+			return &a, nil
+		}
+		state = fmt.Sprintf("workload %s clusterName=%q check=%q (%s) Admitted=%q", a.Workload, a.ClusterName, a.CheckState, a.CheckMessage, adm)
+	}
+	return nil, fmt.Errorf("job %s/%s not admitted on a worker: %s", set, job, state)
 }
 
 // JobWorkloads are the hub's Workloads in namespace set owned by Job job.
