@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use credbroker_execcred::{ApiVersion, EXEC_INFO_ENV, exec_credential, parse_exec_info};
+use credbroker_proto::text::{controls_escaped, controls_escaped_cut};
 use credbroker_proto::v1::{Cluster, GetTokenRequest, GetTokenResponse};
 use credbroker_proto::{DEFAULT_SOCKET_PATH as DEFAULT_SOCKET, code_name_of};
 use credbroker_shim::wire::{self, Answer, GET_TOKEN, WireError};
@@ -79,41 +80,8 @@ impl Failure {
             "credbroker-shim: {}: {} ({})",
             self.what, self.why, self.hint
         );
-        escape_controls(&line)
+        controls_escaped(&line).into_owned()
     }
-}
-
-/// `text` with control characters (C0, DEL, C1) and the Unicode line separators and bidi
-/// overrides escaped as `\n`, `\r`, `\t` or `\u{..}`, as the broker's `text::quote` does.
-fn escape_controls(text: &str) -> String {
-    escape_controls_within(text, usize::MAX).0
-}
-
-/// [`escape_controls`] stopping before the escaped text would pass `max` bytes (never inside
-/// an escape or a character); also says whether all of `text` fit.
-fn escape_controls_within(text: &str, max: usize) -> (String, bool) {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(text.len().min(max));
-    let mut one = String::with_capacity(12);
-    for c in text.chars() {
-        one.clear();
-        match c {
-            '\n' => one.push_str("\\n"),
-            '\r' => one.push_str("\\r"),
-            '\t' => one.push_str("\\t"),
-            c if c.is_control()
-                || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
-            {
-                let _ = write!(one, "\\u{{{:x}}}", u32::from(c));
-            }
-            c => one.push(c),
-        }
-        if out.len() + one.len() > max {
-            return (out, false);
-        }
-        out.push_str(&one);
-    }
-    (out, true)
 }
 
 /// How much of the peer's text (`grpc-message`, or what a broken answer held) the error line
@@ -123,13 +91,10 @@ fn escape_controls_within(text: &str, max: usize) -> (String, bool) {
 /// client-go puts in Kueue's log.
 const MAX_PEER_TEXT_BYTES: usize = 2048;
 
-/// `text` escaped (see [`escape_controls`]) and cut to [`MAX_PEER_TEXT_BYTES`], a cut marked
-/// with the original length as [`shown`] does.
+/// `text` escaped (see [`controls_escaped`]) and cut to [`MAX_PEER_TEXT_BYTES`] bytes of
+/// escaped text, a cut marked with the original length as [`shown`] does.
 fn peer_text(text: &str) -> String {
-    match escape_controls_within(text, MAX_PEER_TEXT_BYTES) {
-        (whole, true) => whole,
-        (head, false) => format!("{head}…({} bytes)", text.len()),
-    }
+    controls_escaped_cut(text, MAX_PEER_TEXT_BYTES)
 }
 
 /// A command-line mistake, with the usage as the hint.
