@@ -11,14 +11,17 @@
 //! carried as the JSON text client-go sent, never re-encoded, so a wrapped plugin sees its
 //! integers (past 2^53 too), key order and spelling as client-go wrote them.
 //!
-//! serde_json and time only (no gRPC, no derive): the shim links this crate and stays small.
+//! serde_json, base64 and time, and thiserror for [`Error`] (no gRPC, no serde derive): the
+//! shim links this crate and stays small.
 
+mod error;
 mod exec_info;
 mod json_span;
 mod rfc3339;
 
 pub mod exec_credential;
 
+pub use error::Error;
 pub use exec_info::{Cluster, ExecInfo, parse_exec_info};
 pub use rfc3339::{parse_rfc3339, rfc3339_utc};
 

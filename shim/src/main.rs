@@ -283,7 +283,7 @@ fn exec_info_failure(why: String) -> Failure {
 /// keeps that deadline ([`connect`]).
 pub fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<String, Failure> {
     let deadline = Instant::now() + args.timeout;
-    let info = parse_exec_info(exec_info).map_err(exec_info_failure)?;
+    let info = parse_exec_info(exec_info).map_err(|e| exec_info_failure(e.to_string()))?;
     let request = GetTokenRequest {
         provider: args.provider.clone(),
         cluster: info.cluster.map(|c| Cluster {
@@ -331,7 +331,7 @@ fn exec_credential_json(
         client_key_data: &resp.client_key_data,
         expiration_unix: resp.expiration_time.as_ref().map(|t| t.seconds),
     };
-    exec_credential::render(api_version, &status, now_unix)
+    exec_credential::render(api_version, &status, now_unix).map_err(|e| e.to_string())
 }
 
 /// Whether `b` may stand in an HTTP header value as Go's HTTP client checks it
