@@ -4,7 +4,7 @@ use base64::Engine as _;
 use serde_json::{Map, Value};
 
 use crate::json_span::member;
-use crate::{ApiVersion, Error, KIND};
+use crate::{ApiVersion, Cluster, Error, KIND};
 
 /// What `KUBERNETES_EXEC_INFO` says.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,22 +14,6 @@ pub struct ExecInfo {
     pub interactive: bool,
     /// `spec.cluster`; client-go sends it only with `provideClusterInfo: true`.
     pub cluster: Option<Cluster>,
-}
-
-/// client-go's `spec.cluster` (`clientauthentication.Cluster`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Cluster {
-    pub server: String,
-    pub tls_server_name: String,
-    pub insecure_skip_tls_verify: bool,
-    /// PEM bytes, base64-decoded (the JSON carries them base64-encoded).
-    pub certificate_authority_data: Vec<u8>,
-    pub proxy_url: String,
-    pub disable_compression: bool,
-    /// `spec.cluster.config`, the cluster's `client.authentication.k8s.io/exec` extension: a
-    /// JSON object as the text client-go sent, byte for byte (whitespace included). `None`
-    /// when absent or null.
-    pub config: Option<String>,
 }
 
 /// Parses `KUBERNETES_EXEC_INFO`. Absent or empty means an old client or a hand-run plugin:

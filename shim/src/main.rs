@@ -286,17 +286,8 @@ pub fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<String
     let info = parse_exec_info(exec_info).map_err(|e| exec_info_failure(e.to_string()))?;
     let request = GetTokenRequest {
         provider: args.provider.clone(),
-        cluster: info.cluster.map(|c| Cluster {
-            server: c.server,
-            tls_server_name: c.tls_server_name,
-            insecure_skip_tls_verify: c.insecure_skip_tls_verify,
-            certificate_authority_data: c.certificate_authority_data,
-            proxy_url: c.proxy_url,
-            disable_compression: c.disable_compression,
-            // The text client-go wrote, as it wrote it (never the deprecated Struct).
-            config: None,
-            config_json: c.config.unwrap_or_default(),
-        }),
+        // The config as the text client-go wrote, as it wrote it (never the deprecated Struct).
+        cluster: info.cluster.map(Cluster::from),
         interactive: info.interactive,
         caller: caller::this_caller(exec_info),
     };
