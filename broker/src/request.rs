@@ -742,6 +742,19 @@ mod tests {
         );
     }
 
+    /// The stored copy is the one cluster type with compact fields: no bigger than the five
+    /// boxed slices and two flags the hand-written copy had, so `cache.maxBytes` counts the
+    /// same per entry.
+    #[test]
+    fn the_stored_cluster_stays_compact() {
+        assert!(
+            std::mem::size_of::<StoredCluster>()
+                <= 5 * std::mem::size_of::<Box<str>>() + std::mem::size_of::<usize>(),
+            "{} bytes",
+            std::mem::size_of::<StoredCluster>()
+        );
+    }
+
     #[test]
     fn empty_provider_is_refused() {
         let err =
