@@ -10,6 +10,7 @@ pub mod caller;
 
 use serde_json::{Map, Number, Value};
 
+use credbroker_execcred::{Cluster, ConfigText, WireConfig};
 use credbroker_proto::v1;
 
 use crate::base::text::quote;
@@ -24,18 +25,9 @@ pub struct TokenRequest {
     pub interactive: bool,
 }
 
-/// client-go's `spec.cluster`: present only with `provideClusterInfo: true`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ClusterInfo {
-    pub server: String,
-    pub tls_server_name: String,
-    pub insecure_skip_tls_verify: bool,
-    pub certificate_authority_data: Vec<u8>,
-    pub proxy_url: String,
-    pub disable_compression: bool,
-    /// The cluster's `client.authentication.k8s.io/exec` extension.
-    pub config: ClusterConfig,
-}
+/// client-go's `spec.cluster`: present only with `provideClusterInfo: true`. The one cluster
+/// type of the shim and the broker (`credbroker_execcred::Cluster`), its config validated.
+pub type ClusterInfo = Cluster<ClusterConfig>;
 
 /// The cluster's exec extension: the JSON object as text, as the caller sent it (what a
 /// wrapped plugin receives), and its members parsed once (what providers read). Empty when
@@ -73,7 +65,7 @@ impl ClusterConfig {
                 )));
             }
         };
-        check_json_object(&fields, 1, &mut 0, limits)?;
+        check_members(fields.iter(), 1, &mut 0, limits)?;
         if let Err(e) = serde_json::from_str::<NoRepeatedKeys>(&json) {
             return Err(RequestError::BadClusterConfig(e.to_string()));
         }
@@ -81,6 +73,15 @@ impl ClusterConfig {
             json: json.into_boxed_str(),
             fields,
         })
+    }
+
+    /// The GetToken message's config: the deprecated Struct becomes JSON text here, once;
+    /// `configJson` is validated as is. [`check_limits`] has refused a message with both.
+    fn from_wire(wire: WireConfig, limits: &LimitsConfig) -> Result<Self, RequestError> {
+        match wire.deprecated_struct {
+            Some(s) => Ok(Self::from(struct_to_map(s))),
+            None => Self::parse(wire.json, limits),
+        }
     }
 
     /// Text this module wrote or validated before (a [`StoredRequest`]'s).
@@ -163,6 +164,13 @@ impl<'de> serde::de::Visitor<'de> for NoRepeatedKeys {
             seen.insert(key);
         }
         Ok(self)
+    }
+}
+
+/// What a wrapped plugin is shown: the text as received.
+impl ConfigText for ClusterConfig {
+    fn config_text(&self) -> Option<&str> {
+        self.as_json()
     }
 }
 
@@ -289,14 +297,71 @@ pub fn check_limits(msg: &v1::GetTokenRequest, limits: &LimitsConfig) -> Result<
             limits.max_cluster_config_bytes,
             "limits.maxClusterConfigBytes",
         )?;
-        let mut keys = 0;
-        check_struct(config, 1, &mut keys, limits)?;
+        check_members(config.fields.iter(), 1, &mut 0, limits)?;
     }
     Ok(())
 }
 
-fn check_struct(
-    s: &prost_types::Struct,
+/// A value of the cluster config, in either form it arrives in: the deprecated Struct's
+/// `prost_types::Value` or the JSON text's parsed `serde_json::Value`. [`check_members`] walks
+/// both with the same rules.
+trait ConfigValue {
+    /// An object's members.
+    type Members<'a>: Iterator<Item = (&'a String, &'a Self)>
+    where
+        Self: 'a;
+    /// A list's items.
+    type Items<'a>: Iterator<Item = &'a Self>
+    where
+        Self: 'a;
+
+    fn node(&self) -> Node<'_, Self::Members<'_>, Self::Items<'_>>;
+}
+
+/// What [`check_members`] looks at in a value.
+enum Node<'a, M, I> {
+    String(&'a str),
+    Object(M),
+    List(I),
+    /// A number, a boolean or null: nothing to bound.
+    Scalar,
+}
+
+impl ConfigValue for prost_types::Value {
+    type Members<'a> = std::collections::btree_map::Iter<'a, String, prost_types::Value>;
+    type Items<'a> = std::slice::Iter<'a, prost_types::Value>;
+
+    fn node(&self) -> Node<'_, Self::Members<'_>, Self::Items<'_>> {
+        use prost_types::value::Kind;
+        match &self.kind {
+            Some(Kind::StringValue(s)) => Node::String(s),
+            Some(Kind::StructValue(s)) => Node::Object(s.fields.iter()),
+            Some(Kind::ListValue(l)) => Node::List(l.values.iter()),
+            _ => Node::Scalar,
+        }
+    }
+}
+
+impl ConfigValue for Value {
+    type Members<'a> = serde_json::map::Iter<'a>;
+    type Items<'a> = std::slice::Iter<'a, Value>;
+
+    fn node(&self) -> Node<'_, Self::Members<'_>, Self::Items<'_>> {
+        match self {
+            Value::String(s) => Node::String(s),
+            Value::Object(m) => Node::Object(m.iter()),
+            Value::Array(items) => Node::List(items.iter()),
+            _ => Node::Scalar,
+        }
+    }
+}
+
+/// Every `limits.*` bound inside the cluster config, on an object's members at `depth`: the
+/// depth (an object or a list one level below its parent), the key count (members and list
+/// items, `keys` so far) and the lengths (keys and strings). The same rules whichever form the
+/// config came in.
+fn check_members<'a, V: ConfigValue + 'a>(
+    members: impl Iterator<Item = (&'a String, &'a V)>,
     depth: u32,
     keys: &mut u32,
     limits: &LimitsConfig,
@@ -306,7 +371,7 @@ fn check_struct(
             limit: limits.max_cluster_config_depth,
         });
     }
-    for (key, value) in &s.fields {
+    for (key, value) in members {
         check_len(
             || format!("a key of the cluster config (\"{}\")", quote(key)),
             key.len(),
@@ -318,70 +383,8 @@ fn check_struct(
     Ok(())
 }
 
-fn check_value(
-    v: &prost_types::Value,
-    key: &str,
-    depth: u32,
-    keys: &mut u32,
-    limits: &LimitsConfig,
-) -> Result<(), RequestError> {
-    use prost_types::value::Kind;
-    *keys += 1;
-    if *keys > limits.max_cluster_config_keys {
-        return Err(RequestError::TooManyKeys {
-            limit: limits.max_cluster_config_keys,
-        });
-    }
-    match &v.kind {
-        Some(Kind::StringValue(s)) => check_len(
-            || format!("the cluster config's \"{}\"", quote(key)),
-            s.len(),
-            limits.max_field_bytes,
-            "limits.maxFieldBytes",
-        ),
-        Some(Kind::StructValue(s)) => check_struct(s, depth + 1, keys, limits),
-        Some(Kind::ListValue(l)) => {
-            if depth + 1 > limits.max_cluster_config_depth {
-                return Err(RequestError::TooDeep {
-                    limit: limits.max_cluster_config_depth,
-                });
-            }
-            l.values
-                .iter()
-                .try_for_each(|item| check_value(item, key, depth + 1, keys, limits))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// [`check_struct`]'s rules on the JSON text's parsed form: the same depth (an object or a
-/// list one level below its parent), key count (members and list items) and lengths (keys
-/// and strings).
-fn check_json_object(
-    m: &Map<String, Value>,
-    depth: u32,
-    keys: &mut u32,
-    limits: &LimitsConfig,
-) -> Result<(), RequestError> {
-    if depth > limits.max_cluster_config_depth {
-        return Err(RequestError::TooDeep {
-            limit: limits.max_cluster_config_depth,
-        });
-    }
-    for (key, value) in m {
-        check_len(
-            || format!("a key of the cluster config (\"{}\")", quote(key)),
-            key.len(),
-            limits.max_field_bytes,
-            "limits.maxFieldBytes",
-        )?;
-        check_json_value(value, key, depth, keys, limits)?;
-    }
-    Ok(())
-}
-
-fn check_json_value(
-    v: &Value,
+fn check_value<V: ConfigValue>(
+    v: &V,
     key: &str,
     depth: u32,
     keys: &mut u32,
@@ -393,25 +396,23 @@ fn check_json_value(
             limit: limits.max_cluster_config_keys,
         });
     }
-    match v {
-        Value::String(s) => check_len(
+    match v.node() {
+        Node::String(s) => check_len(
             || format!("the cluster config's \"{}\"", quote(key)),
             s.len(),
             limits.max_field_bytes,
             "limits.maxFieldBytes",
         ),
-        Value::Object(m) => check_json_object(m, depth + 1, keys, limits),
-        Value::Array(items) => {
+        Node::Object(members) => check_members(members, depth + 1, keys, limits),
+        Node::List(mut items) => {
             if depth + 1 > limits.max_cluster_config_depth {
                 return Err(RequestError::TooDeep {
                     limit: limits.max_cluster_config_depth,
                 });
             }
-            items
-                .iter()
-                .try_for_each(|item| check_json_value(item, key, depth + 1, keys, limits))
+            items.try_for_each(|item| check_value(item, key, depth + 1, keys, limits))
         }
-        _ => Ok(()),
+        Node::Scalar => Ok(()),
     }
 }
 
@@ -477,7 +478,13 @@ impl TokenRequest {
         }
         let cluster = msg
             .cluster
-            .map(|c| ClusterInfo::from_proto(c, limits))
+            .map(|c| {
+                Cluster::<WireConfig>::from(c).try_map(
+                    |t| t,
+                    |b| b,
+                    |w| ClusterConfig::from_wire(w, limits),
+                )
+            })
             .transpose()?;
         Ok(Self {
             provider: msg.provider,
@@ -509,39 +516,6 @@ impl TokenRequest {
     }
 }
 
-impl ClusterInfo {
-    /// The deprecated Struct becomes JSON text here, once; `configJson` is validated as is.
-    fn from_proto(c: v1::Cluster, limits: &LimitsConfig) -> Result<Self, RequestError> {
-        let config = match c.config {
-            Some(s) => ClusterConfig::from(struct_to_map(s)),
-            None => ClusterConfig::parse(c.config_json, limits)?,
-        };
-        Ok(Self {
-            server: c.server,
-            tls_server_name: c.tls_server_name,
-            insecure_skip_tls_verify: c.insecure_skip_tls_verify,
-            certificate_authority_data: c.certificate_authority_data,
-            proxy_url: c.proxy_url,
-            disable_compression: c.disable_compression,
-            config,
-        })
-    }
-
-    /// client-go's `spec.cluster`, as a wrapped exec plugin gets it in `KUBERNETES_EXEC_INFO`
-    /// (the config's text as received).
-    pub fn to_exec_cluster(&self) -> credbroker_execcred::Cluster {
-        credbroker_execcred::Cluster {
-            server: self.server.clone(),
-            tls_server_name: self.tls_server_name.clone(),
-            insecure_skip_tls_verify: self.insecure_skip_tls_verify,
-            certificate_authority_data: self.certificate_authority_data.clone(),
-            proxy_url: self.proxy_url.clone(),
-            disable_compression: self.disable_compression,
-            config: self.config.as_json().map(str::to_owned),
-        }
-    }
-}
-
 /// A request kept for later (an operator's forced refresh), in compact form: an entry may
 /// hold it for hours, and a JSON map costs several hundred bytes where its text costs tens
 /// (BENCHMARKS.md, memory per entry).
@@ -552,36 +526,26 @@ pub struct StoredRequest {
     interactive: bool,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-struct StoredCluster {
-    server: Box<str>,
-    tls_server_name: Box<str>,
-    insecure_skip_tls_verify: bool,
-    certificate_authority_data: Box<[u8]>,
-    proxy_url: Box<str>,
-    disable_compression: bool,
-    /// The config's JSON text, as received.
-    config: Box<str>,
-}
+/// The cluster, compact: text and bytes without spare capacity, the config as its JSON text,
+/// as received.
+type StoredCluster = Cluster<Box<str>, Box<str>, Box<[u8]>>;
 
 impl StoredRequest {
     /// `req` as text, with its CA data only when `with_ca` (a provider that passes it on):
     /// otherwise the request again has none.
     pub fn new(req: &TokenRequest, with_ca: bool) -> Self {
         let cluster = req.cluster.as_ref().map(|c| {
-            Box::new(StoredCluster {
-                server: c.server.as_str().into(),
-                tls_server_name: c.tls_server_name.as_str().into(),
-                insecure_skip_tls_verify: c.insecure_skip_tls_verify,
-                certificate_authority_data: if with_ca {
-                    c.certificate_authority_data.as_slice().into()
-                } else {
-                    Box::default()
+            Box::new(c.borrowed().map(
+                |text| text.as_str().into(),
+                |ca| {
+                    if with_ca {
+                        ca.as_slice().into()
+                    } else {
+                        Box::default()
+                    }
                 },
-                proxy_url: c.proxy_url.as_str().into(),
-                disable_compression: c.disable_compression,
-                config: c.config.json.clone(),
-            })
+                |config| config.json.clone(),
+            ))
         });
         Self {
             provider: req.provider.as_str().into(),
@@ -605,14 +569,12 @@ impl StoredRequest {
 
     /// The request again, as it arrived (less the CA data if it was not kept).
     pub fn request(&self) -> TokenRequest {
-        let cluster = self.cluster.as_ref().map(|c| ClusterInfo {
-            server: c.server.to_string(),
-            tls_server_name: c.tls_server_name.to_string(),
-            insecure_skip_tls_verify: c.insecure_skip_tls_verify,
-            certificate_authority_data: c.certificate_authority_data.to_vec(),
-            proxy_url: c.proxy_url.to_string(),
-            disable_compression: c.disable_compression,
-            config: ClusterConfig::reparse(&c.config),
+        let cluster = self.cluster.as_ref().map(|c| {
+            c.borrowed().map(
+                |text| text.to_string(),
+                |ca| ca.to_vec(),
+                |config| ClusterConfig::reparse(config),
+            )
         });
         TokenRequest {
             provider: self.provider.to_string(),
@@ -755,6 +717,19 @@ mod tests {
         assert_eq!(
             StoredRequest::new(&req, true).heap_bytes() - kept.heap_bytes(),
             before.certificate_authority_data.len()
+        );
+    }
+
+    /// The stored copy is the one cluster type with compact fields: no bigger than the five
+    /// boxed slices and two flags the hand-written copy had, so `cache.maxBytes` counts the
+    /// same per entry.
+    #[test]
+    fn the_stored_cluster_stays_compact() {
+        assert!(
+            std::mem::size_of::<StoredCluster>()
+                <= 5 * std::mem::size_of::<Box<str>>() + std::mem::size_of::<usize>(),
+            "{} bytes",
+            std::mem::size_of::<StoredCluster>()
         );
     }
 

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use serde_json::{Map, Value};
 
-use crate::{API_V1, API_V1BETA1, ApiVersion, KIND, parse_rfc3339, rfc3339_utc};
+use crate::{ApiVersion, Error, KIND, rfc3339_utc};
 
 /// A plugin's ExecCredential, parsed. Its Debug output never shows the secret.
 #[derive(Clone, PartialEq)]
@@ -52,32 +52,33 @@ impl fmt::Debug for Credential {
 
 /// Parses an ExecCredential (v1 or v1beta1). Errors describe the structure only: the output
 /// holds a secret, so no value of `status` is ever quoted but `expirationTimestamp`.
-pub fn parse(stdout: &[u8]) -> Result<ExecCredential, String> {
-    let value: Value = serde_json::from_slice(stdout).map_err(|e| format!("not JSON ({e})"))?;
+pub fn parse(stdout: &[u8]) -> Result<ExecCredential, Error> {
+    let value: Value = serde_json::from_slice(stdout).map_err(Error::CredentialNotJson)?;
     let api_version = value
         .get("apiVersion")
         .and_then(Value::as_str)
         .and_then(ApiVersion::parse)
-        .ok_or_else(|| format!("apiVersion must be {API_V1} or {API_V1BETA1}"))?;
+        .ok_or(Error::CredentialApiVersion)?;
     if value.get("kind").and_then(Value::as_str) != Some(KIND) {
-        return Err(format!("kind must be {KIND}"));
+        return Err(Error::CredentialKind);
     }
     let status = value
         .get("status")
         .and_then(Value::as_object)
-        .ok_or("no status object")?;
-    let field = |name: &str| -> Result<Option<String>, String> {
+        .ok_or(Error::NoStatus)?;
+    let field = |path: &'static str| -> Result<Option<String>, Error> {
+        let name = path.strip_prefix("status.").unwrap_or(path);
         match status.get(name) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) if s.is_empty() => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(format!("status.{name} must be a string")),
+            Some(_) => Err(Error::NotAString(path)),
         }
     };
     let credential = match (
-        field("token")?,
-        field("clientCertificateData")?,
-        field("clientKeyData")?,
+        field("status.token")?,
+        field("status.clientCertificateData")?,
+        field("status.clientKeyData")?,
     ) {
         (Some(token), _, _) => Credential::Token(token),
         (None, Some(certificate_pem), Some(key_pem)) => Credential::ClientCertificate {
@@ -85,16 +86,15 @@ pub fn parse(stdout: &[u8]) -> Result<ExecCredential, String> {
             key_pem,
         },
         (None, Some(_), None) | (None, None, Some(_)) => {
-            return Err("status.clientCertificateData and status.clientKeyData go together".into());
+            return Err(Error::HalfAKeyPair);
         }
         (None, None, None) => {
-            return Err("status has neither token nor clientCertificateData".into());
+            return Err(Error::NoCredential);
         }
     };
-    let expiration = match field("expirationTimestamp")? {
+    let expiration = match field("status.expirationTimestamp")? {
         Some(text) => Some(
-            parse_rfc3339(&text)
-                .map_err(|e| format!("status.expirationTimestamp {text:?}: {e}"))?,
+            crate::rfc3339::parse(&text).map_err(|reason| Error::Expiration { text, reason })?,
         ),
         None => None,
     };
@@ -132,7 +132,7 @@ pub fn render(
     api_version: ApiVersion,
     status: &Status<'_>,
     now_unix: i64,
-) -> Result<String, String> {
+) -> Result<String, Error> {
     let mut out = Map::new();
     if !status.token.is_empty() {
         out.insert("token".into(), status.token.into());
@@ -149,24 +149,18 @@ pub fn render(
             out.insert("clientKeyData".into(), status.client_key_data.into());
         }
         (true, true) if status.token.is_empty() => {
-            return Err("neither a token nor a client certificate and key".to_owned());
+            return Err(Error::NothingToRender);
         }
         (true, true) => {}
         _ => {
-            return Err(
-                "a client certificate without its key, or a key without its certificate".to_owned(),
-            );
+            return Err(Error::HalfAKeyPairToRender);
         }
     }
-    let expiry = status.expiration_unix.ok_or("no expiration_time")?;
+    let expiry = status.expiration_unix.ok_or(Error::NoExpiration)?;
     if expiry <= now_unix {
-        return Err(format!(
-            "expiration_time {} is not in the future",
-            rfc3339_utc(expiry).unwrap_or_else(|| format!("{expiry} (unix seconds)"))
-        ));
+        return Err(Error::ExpirationPassed(expiry));
     }
-    let stamp = rfc3339_utc(expiry)
-        .ok_or_else(|| format!("expiration_time {expiry} (unix seconds) is past year 9999"))?;
+    let stamp = rfc3339_utc(expiry).ok_or(Error::ExpirationPastYear9999(expiry))?;
     out.insert("expirationTimestamp".into(), stamp.into());
 
     let doc = serde_json::json!({

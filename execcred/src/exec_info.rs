@@ -4,7 +4,7 @@ use base64::Engine as _;
 use serde_json::{Map, Value};
 
 use crate::json_span::member;
-use crate::{ApiVersion, KIND};
+use crate::{ApiVersion, Cluster, Error, KIND};
 
 /// What `KUBERNETES_EXEC_INFO` says.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,26 +16,10 @@ pub struct ExecInfo {
     pub cluster: Option<Cluster>,
 }
 
-/// client-go's `spec.cluster` (`clientauthentication.Cluster`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Cluster {
-    pub server: String,
-    pub tls_server_name: String,
-    pub insecure_skip_tls_verify: bool,
-    /// PEM bytes, base64-decoded (the JSON carries them base64-encoded).
-    pub certificate_authority_data: Vec<u8>,
-    pub proxy_url: String,
-    pub disable_compression: bool,
-    /// `spec.cluster.config`, the cluster's `client.authentication.k8s.io/exec` extension: a
-    /// JSON object as the text client-go sent, byte for byte (whitespace included). `None`
-    /// when absent or null.
-    pub config: Option<String>,
-}
-
 /// Parses `KUBERNETES_EXEC_INFO`. Absent or empty means an old client or a hand-run plugin:
 /// v1beta1 without cluster information. The error names the field that is wrong and never
 /// quotes a value but `kind` and `apiVersion`.
-pub fn parse_exec_info(raw: Option<&str>) -> Result<ExecInfo, String> {
+pub fn parse_exec_info(raw: Option<&str>) -> Result<ExecInfo, Error> {
     let raw = raw.map(str::trim).unwrap_or_default();
     if raw.is_empty() {
         return Ok(ExecInfo {
@@ -44,21 +28,17 @@ pub fn parse_exec_info(raw: Option<&str>) -> Result<ExecInfo, String> {
             cluster: None,
         });
     }
-    let doc: Value = serde_json::from_str(raw).map_err(|e| format!("not valid JSON: {e}"))?;
-    let doc = doc.as_object().ok_or("not a JSON object")?;
+    let doc: Value = serde_json::from_str(raw).map_err(Error::ExecInfoNotJson)?;
+    let doc = doc.as_object().ok_or(Error::ExecInfoNotAnObject)?;
 
     let kind = opt_str(doc, "kind", "kind")?;
     if kind != KIND {
-        return Err(format!("kind is {kind:?}, expected \"{KIND}\""));
+        return Err(Error::ExecInfoKind(kind));
     }
     let version = opt_str(doc, "apiVersion", "apiVersion")?;
-    let api_version = ApiVersion::parse(&version).ok_or_else(|| {
-        format!(
-            "apiVersion {version:?} is not supported (expected {} or {})",
-            crate::API_V1,
-            crate::API_V1BETA1
-        )
-    })?;
+    let Some(api_version) = ApiVersion::parse(&version) else {
+        return Err(Error::ExecInfoApiVersion(version));
+    };
 
     let Some(spec) = opt_object(doc, "spec", "spec")? else {
         return Ok(ExecInfo {
@@ -88,7 +68,7 @@ pub fn parse_exec_info(raw: Option<&str>) -> Result<ExecInfo, String> {
 
 /// client-go's `spec.cluster` (kebab-case keys, base64 CA); `config_text` is the raw text of
 /// its `config` member.
-fn parse_cluster(c: &Map<String, Value>, config_text: Option<&str>) -> Result<Cluster, String> {
+fn parse_cluster(c: &Map<String, Value>, config_text: Option<&str>) -> Result<Cluster, Error> {
     let ca_b64 = opt_str(
         c,
         "certificate-authority-data",
@@ -96,15 +76,11 @@ fn parse_cluster(c: &Map<String, Value>, config_text: Option<&str>) -> Result<Cl
     )?;
     let certificate_authority_data = base64::engine::general_purpose::STANDARD
         .decode(ca_b64.trim())
-        .map_err(|e| format!("spec.cluster.certificate-authority-data is not valid base64: {e}"))?;
+        .map_err(Error::CertificateAuthorityNotBase64)?;
     let config = match c.get("config") {
         None | Some(Value::Null) => None,
-        Some(Value::Object(_)) => Some(
-            config_text
-                .ok_or("spec.cluster.config could not be located in the text")?
-                .to_owned(),
-        ),
-        Some(_) => return Err("spec.cluster.config must be a JSON object".to_owned()),
+        Some(Value::Object(_)) => Some(config_text.ok_or(Error::ConfigNotLocated)?.to_owned()),
+        Some(_) => return Err(Error::NotAnObject("spec.cluster.config")),
     };
     Ok(Cluster {
         server: opt_str(c, "server", "spec.cluster.server")?,
@@ -194,20 +170,20 @@ fn json_string(s: &str) -> String {
 }
 
 /// A string field; absent or null reads as empty (Go's `omitempty` drops empty strings).
-fn opt_str(obj: &Map<String, Value>, key: &str, path: &str) -> Result<String, String> {
+fn opt_str(obj: &Map<String, Value>, key: &str, path: &'static str) -> Result<String, Error> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(_) => Err(format!("{path} must be a string")),
+        Some(_) => Err(Error::NotAString(path)),
     }
 }
 
 /// A boolean field; absent or null reads as false (Go's `omitempty` drops false).
-fn opt_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<bool, String> {
+fn opt_bool(obj: &Map<String, Value>, key: &str, path: &'static str) -> Result<bool, Error> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(format!("{path} must be true or false")),
+        Some(_) => Err(Error::NotABool(path)),
     }
 }
 
@@ -215,12 +191,12 @@ fn opt_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<bool, Str
 fn opt_object<'a>(
     obj: &'a Map<String, Value>,
     key: &str,
-    path: &str,
-) -> Result<Option<&'a Map<String, Value>>, String> {
+    path: &'static str,
+) -> Result<Option<&'a Map<String, Value>>, Error> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(m)) => Ok(Some(m)),
-        Some(_) => Err(format!("{path} must be a JSON object")),
+        Some(_) => Err(Error::NotAnObject(path)),
     }
 }
 

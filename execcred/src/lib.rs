@@ -11,15 +11,24 @@
 //! carried as the JSON text client-go sent, never re-encoded, so a wrapped plugin sees its
 //! integers (past 2^53 too), key order and spelling as client-go wrote them.
 //!
-//! serde_json and time only (no gRPC, no derive): the shim links this crate and stays small.
+//! [`Cluster`] is client-go's `spec.cluster` at every step from the shim to a wrapped plugin,
+//! with its conversions to and from the GetToken message's `Cluster` (credbroker-proto's
+//! messages, without its gRPC transport).
+//!
+//! serde_json, base64, time and the prost messages, and thiserror for [`Error`] (no gRPC, no
+//! serde derive): the shim links all of these already and stays small.
 
+mod cluster;
+mod error;
 mod exec_info;
 mod json_span;
 mod rfc3339;
 
 pub mod exec_credential;
 
-pub use exec_info::{Cluster, ExecInfo, parse_exec_info};
+pub use cluster::{Cluster, ConfigText, WireConfig};
+pub use error::Error;
+pub use exec_info::{ExecInfo, parse_exec_info};
 pub use rfc3339::{parse_rfc3339, rfc3339_utc};
 
 /// The environment variable client-go passes the [`ExecInfo`] in.

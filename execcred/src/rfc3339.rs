@@ -39,10 +39,14 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 
 /// Parses `status.expirationTimestamp` (any RFC 3339 time: offsets and fractions too, as
 /// `metav1.Time` accepts). The error says what is wrong, never quoting the text.
-pub fn parse_rfc3339(text: &str) -> Result<SystemTime, String> {
-    let parsed = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-        .map_err(|e| format!("not an RFC 3339 time ({e})"))?;
-    Ok(SystemTime::from(parsed))
+pub fn parse_rfc3339(text: &str) -> Result<SystemTime, crate::Error> {
+    parse(text).map_err(crate::Error::NotRfc3339)
+}
+
+/// [`parse_rfc3339`] with the `time` crate's own error, for errors that name the field too.
+pub(crate) fn parse(text: &str) -> Result<SystemTime, time::error::Parse> {
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map(SystemTime::from)
 }
 
 #[cfg(test)]
@@ -110,15 +114,19 @@ mod tests {
     #[test]
     fn parses_what_client_go_writes_and_refuses_the_rest() {
         let at = |unix: u64| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(unix);
-        assert_eq!(parse_rfc3339("2026-11-30T12:21:36Z"), Ok(at(1_796_041_296)));
         assert_eq!(
-            parse_rfc3339("2026-11-30T13:21:36+01:00"),
-            Ok(at(1_796_041_296))
+            parse_rfc3339("2026-11-30T12:21:36Z").ok(),
+            Some(at(1_796_041_296))
+        );
+        assert_eq!(
+            parse_rfc3339("2026-11-30T13:21:36+01:00").ok(),
+            Some(at(1_796_041_296))
         );
         for bad in ["", "tomorrow", "2026-11-30", "2026-11-30T12:21Z"] {
             assert!(
                 parse_rfc3339(bad)
                     .unwrap_err()
+                    .to_string()
                     .starts_with("not an RFC 3339 time"),
                 "{bad:?}"
             );

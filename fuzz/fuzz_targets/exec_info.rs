@@ -26,6 +26,6 @@ fuzz_target!(|data: &[u8]| {
             let again = parse_exec_info(Some(&info.to_json())).expect("rendered exec info parses");
             assert_eq!(again, info);
         }
-        Err(message) => assert!(!message.is_empty()),
+        Err(error) => assert!(!error.to_string().is_empty()),
     }
 });

@@ -15,6 +15,7 @@ pub mod v1 {
 }
 
 pub mod reason;
+pub mod text;
 
 /// Where the broker listens and the shim dials when nothing says otherwise: the path the
 /// sidecar manifests in `deploy/` mount the shared socket volume at.

@@ -144,7 +144,7 @@ impl Outcome {
                 path.display()
             ),
         };
-        crate::escape_controls(&text)
+        credbroker_proto::text::controls_escaped(&text).into_owned()
     }
 }
 

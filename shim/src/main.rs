@@ -17,6 +17,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use credbroker_execcred::{ApiVersion, EXEC_INFO_ENV, exec_credential, parse_exec_info};
+use credbroker_proto::text::{controls_escaped, controls_escaped_cut};
 use credbroker_proto::v1::{Cluster, GetTokenRequest, GetTokenResponse};
 use credbroker_proto::{DEFAULT_SOCKET_PATH as DEFAULT_SOCKET, code_name_of};
 use credbroker_shim::wire::{self, Answer, GET_TOKEN, WireError};
@@ -79,41 +80,8 @@ impl Failure {
             "credbroker-shim: {}: {} ({})",
             self.what, self.why, self.hint
         );
-        escape_controls(&line)
+        controls_escaped(&line).into_owned()
     }
-}
-
-/// `text` with control characters (C0, DEL, C1) and the Unicode line separators and bidi
-/// overrides escaped as `\n`, `\r`, `\t` or `\u{..}`, as the broker's `text::quote` does.
-fn escape_controls(text: &str) -> String {
-    escape_controls_within(text, usize::MAX).0
-}
-
-/// [`escape_controls`] stopping before the escaped text would pass `max` bytes (never inside
-/// an escape or a character); also says whether all of `text` fit.
-fn escape_controls_within(text: &str, max: usize) -> (String, bool) {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(text.len().min(max));
-    let mut one = String::with_capacity(12);
-    for c in text.chars() {
-        one.clear();
-        match c {
-            '\n' => one.push_str("\\n"),
-            '\r' => one.push_str("\\r"),
-            '\t' => one.push_str("\\t"),
-            c if c.is_control()
-                || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
-            {
-                let _ = write!(one, "\\u{{{:x}}}", u32::from(c));
-            }
-            c => one.push(c),
-        }
-        if out.len() + one.len() > max {
-            return (out, false);
-        }
-        out.push_str(&one);
-    }
-    (out, true)
 }
 
 /// How much of the peer's text (`grpc-message`, or what a broken answer held) the error line
@@ -123,13 +91,10 @@ fn escape_controls_within(text: &str, max: usize) -> (String, bool) {
 /// client-go puts in Kueue's log.
 const MAX_PEER_TEXT_BYTES: usize = 2048;
 
-/// `text` escaped (see [`escape_controls`]) and cut to [`MAX_PEER_TEXT_BYTES`], a cut marked
-/// with the original length as [`shown`] does.
+/// `text` escaped (see [`controls_escaped`]) and cut to [`MAX_PEER_TEXT_BYTES`] bytes of
+/// escaped text, a cut marked with the original length as [`shown`] does.
 fn peer_text(text: &str) -> String {
-    match escape_controls_within(text, MAX_PEER_TEXT_BYTES) {
-        (whole, true) => whole,
-        (head, false) => format!("{head}…({} bytes)", text.len()),
-    }
+    controls_escaped_cut(text, MAX_PEER_TEXT_BYTES)
 }
 
 /// A command-line mistake, with the usage as the hint.
@@ -318,20 +283,11 @@ fn exec_info_failure(why: String) -> Failure {
 /// keeps that deadline ([`connect`]).
 pub fn run(args: &Args, socket: &Path, exec_info: Option<&str>) -> Result<String, Failure> {
     let deadline = Instant::now() + args.timeout;
-    let info = parse_exec_info(exec_info).map_err(exec_info_failure)?;
+    let info = parse_exec_info(exec_info).map_err(|e| exec_info_failure(e.to_string()))?;
     let request = GetTokenRequest {
         provider: args.provider.clone(),
-        cluster: info.cluster.map(|c| Cluster {
-            server: c.server,
-            tls_server_name: c.tls_server_name,
-            insecure_skip_tls_verify: c.insecure_skip_tls_verify,
-            certificate_authority_data: c.certificate_authority_data,
-            proxy_url: c.proxy_url,
-            disable_compression: c.disable_compression,
-            // The text client-go wrote, as it wrote it (never the deprecated Struct).
-            config: None,
-            config_json: c.config.unwrap_or_default(),
-        }),
+        // The config as the text client-go wrote, as it wrote it (never the deprecated Struct).
+        cluster: info.cluster.map(Cluster::from),
         interactive: info.interactive,
         caller: caller::this_caller(exec_info),
     };
@@ -366,7 +322,7 @@ fn exec_credential_json(
         client_key_data: &resp.client_key_data,
         expiration_unix: resp.expiration_time.as_ref().map(|t| t.seconds),
     };
-    exec_credential::render(api_version, &status, now_unix)
+    exec_credential::render(api_version, &status, now_unix).map_err(|e| e.to_string())
 }
 
 /// Whether `b` may stand in an HTTP header value as Go's HTTP client checks it

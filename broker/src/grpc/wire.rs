@@ -19,10 +19,30 @@ use crate::engine::metrics::UNKNOWN_PROVIDER;
 use crate::request::RequestError;
 use crate::request::caller;
 
+// The decoder's refusals are recognised by their code and their text, because nothing else
+// of them reaches this layer, or exists at all (tonic 0.14.9, tonic-prost 0.14.9, prost
+// 0.14.6, as Cargo.lock has them):
+//
+// - This layer wraps the generated service, and tonic's `Grpc::unary` has already turned the
+//   decoder's `Status` into an HTTP response (`Status::into_http`): what is left is
+//   `grpc-status` and `grpc-message`, read back by `Status::from_header_map`. A status's
+//   `source()` never crosses that, and h2 plays no part (these refusals are gRPC's, on a
+//   healthy stream).
+// - Even before that, none of them carries a type: tonic's decoder makes the too-large one as
+//   `Status::out_of_range(format!(..))` (`codec/decode.rs`) with no source; tonic-prost maps
+//   every `prost::DecodeError` to `Status::internal(error.to_string())`; and prost keeps the
+//   error's kind (`DecodeErrorKind::RecursionLimitReached`) private, its `Display` the only
+//   way to tell a too-deep message from a broken one.
+//
+// So the text below is the contract. `tests::the_decoders_own_statuses_are_recognised` makes
+// each status with tonic's and prost's own code, so an upgrade that rewords one fails there
+// (and `tests/tests/hostile_requests.rs` checks the whole path over a socket).
+
 /// tonic's message for a message over `max_decoding_message_size` (tonic 0.14,
 /// `codec/decode.rs`): "Error, decoded message length too large: found N bytes, …".
 const TOO_LARGE_PREFIX: &str = "Error, decoded message length too large";
-/// tonic-prost's message for a `prost::DecodeError` (mapped to `INTERNAL`).
+/// tonic-prost's message for a `prost::DecodeError` (mapped to `INTERNAL`): the error's
+/// `Display`, which starts so.
 const UNDECODABLE_PREFIX: &str = "failed to decode Protobuf message";
 /// prost's reason when a message nests deeper than its recursion limit (100).
 const RECURSION_LIMIT: &str = "recursion limit reached";
@@ -186,5 +206,78 @@ mod tests {
         ] {
             assert!(refusal(&other, &b).is_none(), "{other:?}");
         }
+    }
+
+    /// What reaches [`rewrite`] when tonic's decoder, with prost's codec as the generated
+    /// server runs it, refuses a request body with `limits.maxRequestBytes` 1000: the status
+    /// through HTTP headers and back.
+    async fn decoder_status(message: &[u8], declared_len: u32) -> Status {
+        use tonic::codec::Codec as _;
+        let mut frame = vec![0u8]; // not compressed
+        frame.extend_from_slice(&declared_len.to_be_bytes());
+        frame.extend_from_slice(message);
+        let body = http_body_util::Full::new(hyper::body::Bytes::from(frame));
+        let decoder = tonic_prost::ProstCodec::<
+            credbroker_proto::v1::GetTokenRequest,
+            credbroker_proto::v1::GetTokenRequest,
+        >::default()
+        .decoder();
+        let mut stream = tonic::Streaming::new_request(decoder, body, None, Some(1000));
+        let status = stream.message().await.unwrap_err();
+        let response = status.into_http::<tonic::body::Body>();
+        Status::from_header_map(response.headers()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_decoders_own_statuses_are_recognised() {
+        use prost::Message as _;
+        use prost_types::value::Kind;
+        let b = broker();
+
+        let too_large = decoder_status(b"", 3_145_800).await;
+        assert_eq!(
+            refusal(&too_large, &b),
+            Some(RequestError::request_too_large(3_145_800, b.limits())),
+            "{too_large:?}"
+        );
+
+        // A Struct nested past prost's recursion limit, in a few hundred bytes.
+        let mut value = prost_types::Value {
+            kind: Some(Kind::BoolValue(true)),
+        };
+        for _ in 0..60 {
+            value = prost_types::Value {
+                kind: Some(Kind::StructValue(prost_types::Struct {
+                    fields: [("n".to_owned(), value)].into(),
+                })),
+            };
+        }
+        let Some(Kind::StructValue(config)) = value.kind else {
+            unreachable!()
+        };
+        let deep = credbroker_proto::v1::GetTokenRequest {
+            provider: "f".into(),
+            cluster: Some(credbroker_proto::v1::Cluster {
+                config: Some(config),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        assert!(deep.len() < 1000, "{} bytes", deep.len());
+        let too_deep = decoder_status(&deep, deep.len() as u32).await;
+        assert_eq!(
+            refusal(&too_deep, &b),
+            Some(RequestError::TooDeep {
+                limit: b.limits().max_cluster_config_depth
+            }),
+            "{too_deep:?}"
+        );
+
+        let junk = decoder_status(&[0xff, 0xff], 2).await;
+        assert!(
+            matches!(refusal(&junk, &b), Some(RequestError::Undecodable(_))),
+            "{junk:?}"
+        );
     }
 }

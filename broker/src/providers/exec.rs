@@ -311,7 +311,7 @@ pub fn parse_exec_credential(
     stdout: &[u8],
     default_lifetime: std::time::Duration,
 ) -> Result<Credential, String> {
-    let parsed = exec_credential::parse(stdout)?;
+    let parsed = exec_credential::parse(stdout).map_err(|e| e.to_string())?;
     let secret = match parsed.credential {
         exec_credential::Credential::Token(token) => CredentialSecret::Token(Secret::new(
             super::bearer_token(&token).map_err(|e| format!("status.token {e}"))?,

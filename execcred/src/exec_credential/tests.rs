@@ -63,7 +63,7 @@ fn unusable_responses_are_errors() {
         (response("tok", "", "", Some(i64::MAX)), "past year 9999"),
     ];
     for (resp, want) in cases {
-        let err = render(ApiVersion::V1, &resp, NOW).unwrap_err();
+        let err = render(ApiVersion::V1, &resp, NOW).unwrap_err().to_string();
         assert!(err.contains(want), "got {err:?}, want {want:?}");
     }
 }
@@ -100,7 +100,7 @@ fn parse_errors_name_the_structure_never_the_secret() {
             (br#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"SECRETTOKEN","expirationTimestamp":"soon"}}"#, "status.expirationTimestamp \"soon\": not an RFC 3339 time"),
         ];
     for (raw, want) in cases {
-        let e = parse(raw).unwrap_err();
+        let e = parse(raw).unwrap_err().to_string();
         assert!(e.contains(want), "{e}");
         assert!(!e.contains("SECRET"), "{e}");
     }

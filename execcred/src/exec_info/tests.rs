@@ -1,6 +1,6 @@
 use super::*;
 
-fn info(raw: &str) -> Result<ExecInfo, String> {
+fn info(raw: &str) -> Result<ExecInfo, Error> {
     parse_exec_info(Some(raw))
 }
 
@@ -100,7 +100,7 @@ fn bad_inputs_name_what_is_wrong() {
         ),
     ];
     for (raw, want) in cases {
-        let err = info(raw).unwrap_err();
+        let err = info(raw).unwrap_err().to_string();
         assert!(err.contains(want), "{raw}: got {err:?}, want {want:?}");
     }
 }
