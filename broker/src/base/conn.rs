@@ -170,43 +170,60 @@ impl Drop for CallGuard {
     }
 }
 
+/// Two counts summed up between log lines, with at most one line per [`CAP_LOG_INTERVAL`]: a
+/// flood of connections must not become a flood of log lines.
+#[derive(Debug, Default)]
+struct Summed(Mutex<(Option<Instant>, u64, u64)>);
+
+impl Summed {
+    /// Counts one event, of the first kind (`first`) or the second. When a line is due, returns
+    /// both counts since the last one and counts anew.
+    fn count(&self, first: bool) -> Option<(u64, u64)> {
+        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (last, a, b) = &mut *state;
+        if first {
+            *a += 1;
+        } else {
+            *b += 1;
+        }
+        let now = Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < CAP_LOG_INTERVAL) {
+            return None;
+        }
+        let counts = (*a, *b);
+        *state = (Some(now), 0, 0);
+        Some(counts)
+    }
+}
+
 /// Rate-limits the "cap hit" log line of one listener.
 #[derive(Debug)]
 pub struct CapLog {
     listener: &'static str,
-    state: Mutex<(Option<Instant>, u64, u64)>,
+    counts: Summed,
 }
 
 impl CapLog {
     pub fn new(listener: &'static str) -> Self {
         Self {
             listener,
-            state: Mutex::new((None, 0, 0)),
+            counts: Summed::default(),
         }
     }
 
     /// Counts one connection closed to make room (`evicted`) or refused, and logs at most
     /// once per [`CAP_LOG_INTERVAL`] with the counts since the last line. True when it logged.
     pub fn hit(&self, cap: usize, evicted: bool) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let (last, closed, refused) = &mut *state;
-        if evicted {
-            *closed += 1;
-        } else {
-            *refused += 1;
-        }
-        let now = Instant::now();
-        if last.is_some_and(|at| now.duration_since(at) < CAP_LOG_INTERVAL) {
+        let Some((closed_idle, refused)) = self.counts.count(evicted) else {
             return false;
-        }
+        };
         tracing::warn!(
             listener = self.listener,
             cap,
-            closed_idle = *closed,
-            refused = *refused,
+            closed_idle,
+            refused,
             "connection cap reached: closed idle connections to make room, refused new ones when every connection had a call in flight (counts since the last such line)"
         );
-        *state = (Some(now), 0, 0);
         true
     }
 }
@@ -225,8 +242,8 @@ struct RefusedShared {
     /// The current second's start and the connections served in it.
     budget: Mutex<(Option<Instant>, u32)>,
     held: AtomicUsize,
-    /// The last log line, and connections held and closed since.
-    log: Mutex<(Option<Instant>, u64, u64)>,
+    /// Connections held and closed at once, summed up between log lines.
+    log: Summed,
 }
 
 impl Default for RefusedGate {
@@ -235,7 +252,7 @@ impl Default for RefusedGate {
             shared: Arc::new(RefusedShared {
                 budget: Mutex::new((None, 0)),
                 held: AtomicUsize::new(0),
-                log: Mutex::new((None, 0, 0)),
+                log: Summed::default(),
             }),
         }
     }
@@ -289,29 +306,16 @@ impl RefusedGate {
     /// Counts one connection held or closed at once, and logs at most once per
     /// [`CAP_LOG_INTERVAL`] with the counts since the last line.
     fn log(&self, held: bool) {
-        let mut state = self
-            .shared
-            .log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let (last, held_count, closed) = &mut *state;
-        if held {
-            *held_count += 1;
-        } else {
-            *closed += 1;
-        }
-        let now = Instant::now();
-        if last.is_some_and(|at| now.duration_since(at) < CAP_LOG_INTERVAL) {
+        let Some((held, closed)) = self.shared.log.count(held) else {
             return;
-        }
+        };
         tracing::warn!(
             served_per_second = REFUSED_SERVED_PER_SECOND,
-            held = *held_count,
-            closed = *closed,
+            held,
+            closed,
             "connections from refused peers past those served: held unread for {}s then closed, or closed at once when {REFUSED_HELD} were held (counts since the last such line)",
             REFUSED_HOLD.as_secs()
         );
-        *state = (Some(now), 0, 0);
     }
 }
 

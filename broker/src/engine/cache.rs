@@ -447,7 +447,7 @@ impl Cache {
         // judged never starts a check.
         let mut judged: Option<Option<Answer>> = None;
         let wait = loop {
-            let pending = match self.pass(&slot, placed_as, &ask, judged.as_ref()) {
+            let pending = match self.pass(&key, &slot, placed_as, &ask, judged.as_ref()) {
                 Pass::Done(result) => return result,
                 Pass::Wait(wait) => break wait,
                 Pass::Check(CheckStep::Join(running)) => Some(running),
@@ -490,6 +490,7 @@ impl Cache {
     /// is a re-ask's answer once it has one (`Some(None)`: what it asked about was replaced).
     fn pass(
         &self,
+        key: &CacheKey,
         slot: &Arc<Slot>,
         placed_as: Class,
         ask: &Ask<'_>,
@@ -559,7 +560,7 @@ impl Cache {
                 let moved = st.class() != placed_as;
                 drop(guard);
                 if moved {
-                    self.inner.reclassify(&ask.key(), slot);
+                    self.inner.reclassify(key, slot);
                 }
                 return Pass::Done(Err(err));
             }
