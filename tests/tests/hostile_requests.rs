@@ -425,6 +425,109 @@ async fn a_rate_limited_flood_logs_a_bounded_number_of_lines() {
     );
 }
 
+/// Hostile-benchmark finding (`oversize`): a caller over its rate limit, 16 calls at a time on
+/// one connection, had every call read and refused at once, 8 000 a second with large
+/// requests, most of a core of the broker's CPU. Past `REFUSALS_ANSWERED_PER_SECOND` (100)
+/// refusals in a second, the connection is not read until the second is over, and neither is
+/// a new one of that uid; the next second answers again, and another caller is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_caller_past_a_hundred_refusals_a_second_is_not_read_until_the_next() {
+    const SECS: u64 = 3;
+    const IN_FLIGHT: usize = 16;
+    let files = TokenFiles::new();
+    files.write("a", "token-a");
+    let broker = Broker::start(&config(
+        "rateLimit: {perSecond: 10, burst: 10}\n",
+        &[file_provider("static", &files.template())],
+    ));
+    let channel = unix_channel(broker.socket()).await;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(SECS);
+    let tasks: Vec<_> = (0..IN_FLIGHT)
+        .map(|_| {
+            let mut client = TokenServiceClient::new(channel.clone());
+            tokio::spawn(async move {
+                let (mut ok, mut refused, mut other) = (0u64, 0u64, Vec::new());
+                while std::time::Instant::now() < until {
+                    match client
+                        .get_token(request("static", vec![("clusterName", string("a"))]))
+                        .await
+                    {
+                        Ok(_) => ok += 1,
+                        Err(s) if s.code() == tonic::Code::ResourceExhausted => refused += 1,
+                        Err(s) => other.push(s.to_string()),
+                    }
+                }
+                (ok, refused, other)
+            })
+        })
+        .collect();
+    // Meanwhile a new connection of the same uid (a health probe's) waits at most a second.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let probe = std::time::Instant::now();
+    let out = tokio::task::spawn_blocking({
+        let socket = broker.socket().to_owned();
+        move || {
+            credbroker_tests::run_broker_cli(&[
+                "health".as_ref(),
+                "--socket".as_ref(),
+                socket.as_os_str(),
+                "--timeout".as_ref(),
+                "3s".as_ref(),
+            ])
+        }
+    })
+    .await
+    .unwrap();
+    let probe = probe.elapsed();
+    assert!(out.status.success(), "{}", describe(&out));
+    let (mut ok, mut refused, mut other) = (0, 0, Vec::new());
+    for task in tasks {
+        let (o, r, e) = task.await.unwrap();
+        (ok, refused) = (ok + o, refused + r);
+        other.extend(e);
+    }
+    println!(
+        "{IN_FLIGHT} calls at a time for {SECS}s over rateLimit {{perSecond: 10, burst: 10}}: {ok} served, {refused} refused, {} failed otherwise; a health probe meanwhile took {probe:?}",
+        other.len()
+    );
+    // Each second (SECS + 1 windows at most): the budget, what was in flight when the
+    // connection was paused, and the tokens that came back.
+    let bound = (SECS + 1) * (100 + IN_FLIGHT as u64 + 10) + 10;
+    assert!(
+        ok + refused <= bound,
+        "{ok} served and {refused} refused in {SECS}s: more than {bound} answered"
+    );
+    assert!(
+        other.is_empty(),
+        "{} calls failed otherwise, first: {:?}",
+        other.len(),
+        other.first()
+    );
+    assert!(
+        refused >= 100 * SECS,
+        "refusals are still answered: {refused}"
+    );
+    assert!(
+        ok >= 10 + 10 * (SECS - 1),
+        "the limit's own calls are served: {ok}"
+    );
+    assert!(probe < std::time::Duration::from_secs(2), "{probe:?}");
+    assert!(
+        broker
+            .logs()
+            .contains("its connections are not read until the second is over"),
+        "{}",
+        broker.logs()
+    );
+    // A fresh second serves the caller again.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let mut client = TokenServiceClient::new(unix_channel(broker.socket()).await);
+    client
+        .get_token(request("static", vec![("clusterName", string("a"))]))
+        .await
+        .unwrap();
+}
+
 /// A request as large as every default `limits.*` bound admits, for cluster `i`: a 4 KB
 /// server, `ca` bytes of CA data and an exec extension `pad` bytes longer (at most 15 KB).
 fn oversize(i: usize, ca: usize, pad: usize) -> GetTokenRequest {

@@ -11,7 +11,9 @@
 //! ([`MAX_STREAMS_PER_CONNECTION`]) and keeps connections from peers it would refuse in a pool
 //! of their own ([`REFUSED_CONNECTIONS`]), so they never take a real caller's place; past a
 //! few a second ([`RefusedGate`]) it holds them unread for a second and closes them, so a
-//! refused peer reconnecting in a loop costs it almost no CPU.
+//! refused peer reconnecting in a loop costs it almost no CPU. A connection can be paused
+//! ([`ConnState::pause_reads`]): not read for a while, for callers whose calls are refused
+//! faster than they are worth answering (`grpc::ratelimit`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -120,6 +122,9 @@ pub struct ConnState {
     in_flight: AtomicUsize,
     /// When a call last started or ended, in ms after `opened`.
     last_active_ms: AtomicU64,
+    /// Until when the connection is not read, in ms after `opened`; 0 when it never was
+    /// paused ([`ConnState::pause_reads`]).
+    paused_until_ms: AtomicU64,
     closed: AtomicBool,
     waker: AtomicWaker,
 }
@@ -132,6 +137,7 @@ impl ConnState {
             stalled: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             last_active_ms: AtomicU64::new(0),
+            paused_until_ms: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             waker: AtomicWaker::new(),
         }
@@ -156,6 +162,25 @@ impl ConnState {
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.waker.wake();
+    }
+
+    /// Reads nothing more from the connection until `until` (a later pause extends it, an
+    /// earlier one changes nothing). What was read already is served and answers are still
+    /// written; the peer's next frames wait in the socket's buffer, and then in the peer,
+    /// which cannot write past it. For callers whose calls are refused faster than they are
+    /// worth answering (`grpc::ratelimit`).
+    pub fn pause_reads(&self, until: Instant) {
+        let ms = until.saturating_duration_since(self.opened).as_millis();
+        let ms = u64::try_from(ms).unwrap_or(u64::MAX).max(1);
+        self.paused_until_ms.fetch_max(ms, Ordering::AcqRel);
+    }
+
+    /// Until when reads are paused, if they ever were.
+    fn paused_until(&self) -> Option<Instant> {
+        match self.paused_until_ms.load(Ordering::Acquire) {
+            0 => None,
+            ms => Some(self.opened + Duration::from_millis(ms)),
+        }
     }
 }
 
@@ -396,6 +421,7 @@ impl ConnLimiter {
             shared: self.shared.clone(),
             id,
             timer: Box::pin(tokio::time::sleep(HANDSHAKE_TIMEOUT)),
+            pause: None,
             seen: 0,
             frame_header: [0; FRAME_HEADER_LEN],
             cred: None,
@@ -420,6 +446,8 @@ pub struct Guarded<S> {
     shared: Arc<Shared>,
     id: u64,
     timer: Pin<Box<Sleep>>,
+    /// The timer of a pause of reads ([`ConnState::pause_reads`]), made at the first one.
+    pause: Option<Pin<Box<Sleep>>>,
     /// Handshake bytes read so far (only counted until the handshake is done).
     seen: usize,
     frame_header: [u8; FRAME_HEADER_LEN],
@@ -484,6 +512,19 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
         this.state.waker.register(cx.waker());
         if this.state.closed.load(Ordering::Acquire) {
             return Poll::Ready(Ok(()));
+        }
+        if let Some(until) = this.state.paused_until()
+            && until > Instant::now()
+        {
+            let pause = this
+                .pause
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+            if pause.deadline() != until {
+                pause.as_mut().reset(until);
+            }
+            if pause.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
         }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
@@ -741,6 +782,43 @@ mod tests {
             "{took:?}"
         );
         assert_eq!(limiter.open(), 0, "a closed connection frees its place");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paused_connection_is_read_again_when_the_pause_ends() {
+        let limiter = ConnLimiter::new("test", 10);
+        let (server, mut client) = UnixStream::pair().unwrap();
+        let mut conn = limiter.admit(server).unwrap();
+        client.write_all(PREFACE).await.unwrap();
+        client.write_all(&SETTINGS).await.unwrap();
+        let mut buf = [0u8; 64];
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        let paused_at = Instant::now();
+        conn.state()
+            .pause_reads(paused_at + Duration::from_millis(700));
+        // An earlier end changes nothing; the later one holds.
+        conn.state()
+            .pause_reads(paused_at + Duration::from_millis(300));
+        client.write_all(b"more").await.unwrap();
+        let mut rest = Vec::new();
+        while rest.len() < 33 - n + 4 {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the connection ended while paused");
+            rest.extend_from_slice(&buf[..n]);
+        }
+        assert!(rest.ends_with(b"more"), "{rest:?}");
+        let waited = paused_at.elapsed();
+        assert!(
+            waited >= Duration::from_millis(699) && waited < Duration::from_millis(800),
+            "read again after {waited:?}"
+        );
+        // Closing to make room still ends a paused connection at once.
+        conn.state()
+            .pause_reads(Instant::now() + Duration::from_secs(60));
+        conn.state().close();
+        let (took, error) = read_until_closed(conn).await;
+        assert_eq!((took, error), (Duration::ZERO, None));
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
+use crate::base::conn::ConnInfo;
 use crate::config::RateLimitConfig;
 use crate::engine::broker::BrokerError;
 use crate::request::caller;
@@ -27,6 +28,17 @@ const UNKNOWN_CALLER: u32 = u32::MAX;
 /// calls refused since: a runaway loop makes tens of thousands of calls a second, which
 /// must not become as many log lines; 10 s is short enough to see it stop.
 pub const REFUSAL_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// Refusals answered at once per caller uid and second; past them, the connection that
+/// carried the call is not read again until the second is over, nor is a new connection of
+/// that uid. A real caller in a loop makes a few hundred calls a second at most (the shim,
+/// one process a call, about 1 ms each on a core), each on a connection of its own, and reads
+/// every refusal it asks for; the hostile benchmark's `oversize` attacker, 8 calls at a time
+/// on one connection, was refused 8 000 times a second, each refusal with up to 64 KB of
+/// request read and thrown away: 60 % of a core of the broker's CPU (BENCHMARKS.md). 100 is
+/// the refused peers' budget (`conn::REFUSED_SERVED_PER_SECOND`) again.
+pub const REFUSALS_ANSWERED_PER_SECOND: u32 = 100;
+/// The window [`REFUSALS_ANSWERED_PER_SECOND`] counts in.
+const REFUSAL_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct RateLimitLayer {
@@ -35,12 +47,11 @@ pub struct RateLimitLayer {
 }
 
 impl RateLimitLayer {
-    /// `refused` counts the calls the limit refuses (`credbroker_rate_limited_total`).
-    pub fn new(config: &RateLimitConfig, refused: Counter) -> Self {
-        Self {
-            limiter: Arc::new(Limiter::new(config)),
-            refused,
-        }
+    /// `refused` counts the calls the limit refuses (`credbroker_rate_limited_total`). The
+    /// accept loop shares `limiter`, to hold a new connection of a caller whose others are not
+    /// read ([`Limiter::paused_until`]).
+    pub fn new(limiter: Arc<Limiter>, refused: Counter) -> Self {
+        Self { limiter, refused }
     }
 }
 
@@ -72,6 +83,30 @@ pub struct Limiter {
 struct Bucket {
     tokens: f64,
     updated: Instant,
+    /// The current [`REFUSAL_WINDOW`]'s start and the refusals in it.
+    refusals: Option<(Instant, u32)>,
+}
+
+impl Bucket {
+    /// Counts a refusal; past [`REFUSALS_ANSWERED_PER_SECOND`] in the window, says until when
+    /// the caller's connections are not read.
+    fn refused(&mut self, now: Instant) -> Option<Instant> {
+        let (start, count) = match self.refusals {
+            Some((start, count)) if now.saturating_duration_since(start) < REFUSAL_WINDOW => {
+                (start, count.saturating_add(1))
+            }
+            _ => (now, 1),
+        };
+        self.refusals = Some((start, count));
+        (count > REFUSALS_ANSWERED_PER_SECOND).then_some(start + REFUSAL_WINDOW)
+    }
+
+    /// Until when the caller's connections are not read, if they are not now.
+    fn paused_until(&self, now: Instant) -> Option<Instant> {
+        let (start, count) = self.refusals?;
+        let until = start + REFUSAL_WINDOW;
+        (count > REFUSALS_ANSWERED_PER_SECOND && until > now).then_some(until)
+    }
 }
 
 /// Refusals of one kind, per caller uid: the first is logged at once, later ones summed up at
@@ -110,6 +145,9 @@ pub struct Decision {
     pub allowed: bool,
     /// Log a line now for this many refused calls (this one included, when refused).
     pub report: Option<u64>,
+    /// Refused past [`REFUSALS_ANSWERED_PER_SECOND`]: the caller's connections are not read
+    /// until then.
+    pub pause_until: Option<Instant>,
 }
 
 impl Limiter {
@@ -137,17 +175,32 @@ impl Limiter {
         let bucket = buckets.entry(uid).or_insert(Bucket {
             tokens: self.burst,
             updated: now,
+            refusals: None,
         });
         let refill = now.saturating_duration_since(bucket.updated).as_secs_f64() * self.per_second;
         bucket.tokens = (bucket.tokens + refill).min(self.burst);
         bucket.updated = now;
         let allowed = bucket.tokens >= 1.0;
-        if allowed {
+        let pause_until = if allowed {
             bucket.tokens -= 1.0;
-        }
+            None
+        } else {
+            bucket.refused(now)
+        };
         drop(buckets);
         let report = self.log.note(uid, !allowed);
-        Decision { allowed, report }
+        Decision {
+            allowed,
+            report,
+            pause_until,
+        }
+    }
+
+    /// Until when `uid`'s connections are not read: a new connection of a caller refused past
+    /// [`REFUSALS_ANSWERED_PER_SECOND`] waits as its others do.
+    pub fn paused_until(&self, uid: u32) -> Option<Instant> {
+        let buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        buckets.get(&uid)?.paused_until(Instant::now())
     }
 }
 
@@ -185,9 +238,14 @@ where
             tracing::warn!(
                 uid,
                 refused,
-                "rate limit exceeded: {refused} call(s) refused; further refusals of this caller are summed up every {}s",
+                "rate limit exceeded: {refused} call(s) refused; further refusals of this caller are summed up every {}s; past {REFUSALS_ANSWERED_PER_SECOND} refusals in a second its connections are not read until the second is over",
                 REFUSAL_LOG_INTERVAL.as_secs()
             );
+        }
+        if let Some(until) = decision.pause_until
+            && let Some(info) = req.extensions().get::<ConnInfo>()
+        {
+            info.state.pause_reads(until);
         }
         if decision.allowed {
             return futures_util::future::Either::Left(self.inner.call(req));
@@ -241,7 +299,8 @@ mod tests {
             limiter.check(1),
             Decision {
                 allowed: true,
-                report: None
+                report: None,
+                pause_until: None,
             }
         );
         // The first refusal is reported at once, the next 999 within the interval are not.
@@ -261,7 +320,8 @@ mod tests {
             next,
             Decision {
                 allowed: true,
-                report: Some(999)
+                report: Some(999),
+                pause_until: None,
             }
         );
         assert_eq!(
@@ -275,7 +335,8 @@ mod tests {
             limiter.check(1),
             Decision {
                 allowed: false,
-                report: None
+                report: None,
+                pause_until: None,
             },
             "within the interval: counted, not logged"
         );
@@ -291,5 +352,37 @@ mod tests {
             assert!(limiter.allow(7));
             tokio::time::advance(Duration::from_millis(100)).await;
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_past_the_answered_budget_pause_the_callers_reads_until_the_second_ends() {
+        let limiter = Limiter::new(&RateLimitConfig {
+            per_second: 1,
+            burst: 1,
+        });
+        assert!(limiter.allow(1));
+        let start = Instant::now();
+        for n in 1..=REFUSALS_ANSWERED_PER_SECOND {
+            let decision = limiter.check(1);
+            assert!(!decision.allowed);
+            assert_eq!(
+                decision.pause_until, None,
+                "refusal {n} is within the budget"
+            );
+        }
+        assert_eq!(limiter.paused_until(1), None);
+        tokio::time::advance(Duration::from_millis(300)).await;
+        let past = limiter.check(1);
+        assert!(!past.allowed);
+        assert_eq!(past.pause_until, Some(start + REFUSAL_WINDOW));
+        assert_eq!(limiter.paused_until(1), Some(start + REFUSAL_WINDOW));
+        assert_eq!(limiter.paused_until(2), None, "another caller is read");
+        // The next second answers its budget again.
+        tokio::time::advance(Duration::from_millis(700)).await;
+        assert_eq!(limiter.paused_until(1), None);
+        let next = limiter.check(1);
+        assert!(next.allowed, "a token came back in the second");
+        let refused = limiter.check(1);
+        assert_eq!((refused.allowed, refused.pause_until), (false, None));
     }
 }

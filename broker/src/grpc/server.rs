@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::engine::broker::Broker;
 use crate::engine::metrics::{self, MetricsError};
 use crate::grpc::admin_service::AdminApi;
-use crate::grpc::ratelimit::RateLimitLayer;
+use crate::grpc::ratelimit::{self, RateLimitLayer};
 use crate::grpc::token_service::TokenApi;
 use crate::grpc::wire::WireErrors;
 use crate::request::caller;
@@ -147,7 +147,9 @@ pub async fn serve(
     let limiter = ConnLimiter::new("socket", cap);
     let refused = ConnLimiter::new("socket, refused callers", conn::REFUSED_CONNECTIONS);
     let refused_gate = RefusedGate::default();
+    let rate_limiter = Arc::new(ratelimit::Limiter::new(&config.rate_limit));
     let gate = broker.clone();
+    let paused = rate_limiter.clone();
     let incoming = ReceiverStream::new(conn_rx).filter_map(move |accepted| match accepted {
         // Who the caller is decides before anything waits on it: a peer the broker would
         // refuse lands in a small pool of its own, never in the callers' (crate::base::conn).
@@ -165,6 +167,11 @@ pub async fn serve(
                 return None;
             };
             let admitted = pool.admit(stream)?;
+            // A caller refused by the rate limit past what is worth answering: its new
+            // connection waits, unread, with its others (crate::grpc::ratelimit).
+            if let Some(until) = cred.and_then(|c| paused.paused_until(c.uid)) {
+                admitted.state().pause_reads(until);
+            }
             Some(Ok(match cred {
                 Some(cred) => admitted.with_cred(cred),
                 None => admitted,
@@ -180,7 +187,7 @@ pub async fn serve(
         .max_concurrent_streams(Some(conn::MAX_STREAMS_PER_CONNECTION))
         .layer(ActivityLayer)
         .layer(RateLimitLayer::new(
-            &config.rate_limit,
+            rate_limiter,
             broker.metrics().rate_limited(),
         ))
         .add_service(health_service)
