@@ -18,8 +18,17 @@ import (
 // MultiKueueCluster Active, per worker.
 func expectDispatch(t *testing.T, s *harness.Stack, set, field string, workers []*harness.Worker) map[string]float64 {
 	t.Helper()
+	return expectDispatchVia(t, s, set, field, workers, workers)
+}
+
+// expectDispatchVia is expectDispatch with only queued (some of workers) in the set's
+// MultiKueueConfig: profiles that all address one API server (the cloud scenarios' fan-out)
+// would each get a copy of the Workload, the same object, and the copies Kueue deletes on the
+// workers not chosen would delete the chosen one's.
+func expectDispatchVia(t *testing.T, s *harness.Stack, set, field string, workers, queued []*harness.Worker) map[string]float64 {
+	t.Helper()
 	ctx := context.Background()
-	if err := s.Setup(ctx, set, workers); err != nil {
+	if err := s.Setup(ctx, set, queued); err != nil {
 		t.Fatal(err)
 	}
 	created, err := s.CreateProfiles(ctx, field, workers)

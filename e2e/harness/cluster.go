@@ -56,6 +56,9 @@ type ClusterOptions struct {
 	// kube-proxy runs beside it.
 	Node bool
 	Dir  string // scratch directory (kubeconfigs, webhook config)
+	// APIServerFlags are set on kube-apiserver besides envtest's: how a cloud-like worker
+	// authenticates its callers (--authentication-config, --authentication-token-webhook-*).
+	APIServerFlags map[string]string
 }
 
 // StartCluster starts a control plane and waits until it serves.
@@ -112,6 +115,9 @@ func StartCluster(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 			Set("enable-admission-plugins", "NodeRestriction").
 			Disable("disable-admission-plugins").
 			Set("enable-aggregator-routing", "true")
+	}
+	for k, v := range o.APIServerFlags {
+		api.Configure().Set(k, v)
 	}
 	env.ControlPlane.APIServer = api
 	cfg, err := env.Start()

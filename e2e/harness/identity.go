@@ -108,18 +108,42 @@ func (c *Cluster) RevokeWorkerIdentity(ctx context.Context) error {
 
 // CreateToken mints a token of ServiceAccount ns/name with the TokenRequest API.
 func (c *Cluster) CreateToken(ctx context.Context, ns, name string) (string, error) {
+	return c.CreateTokenFor(ctx, ns, name)
+}
+
+// CreateTokenFor mints a token of ServiceAccount ns/name for audiences (none: the API
+// server's own), as the kubelet mints a projected serviceAccountToken volume's.
+func (c *Cluster) CreateTokenFor(ctx context.Context, ns, name string, audiences ...string) (string, error) {
 	cs, err := kubernetes.NewForConfig(c.Config)
 	if err != nil {
 		return "", err
 	}
 	secs := int64(tokenTTL.Seconds())
 	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs},
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs, Audiences: audiences},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		return "", fmt.Errorf("%s: TokenRequest for %s/%s: %w", c.Name, ns, name, err)
 	}
 	return tr.Status.Token, nil
+}
+
+// ProjectedToken lays out, in dir/file, a projected serviceAccountToken volume of the hub
+// pod's ServiceAccount (kueue-system/kueue-controller-manager) for audience: what a cloud's
+// identity webhook (IRSA, Azure Workload ID) or a cross-cloud patch mounts into the broker's
+// container. It returns the mount (dir at dst) and the token.
+func (c *Cluster) ProjectedToken(ctx context.Context, dir, file, dst, audience string) (Mount, string, error) {
+	tok, err := c.CreateTokenFor(ctx, KueueNamespace, KueueServiceAccount, audience)
+	if err != nil {
+		return Mount{}, "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return Mount{}, "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(tok), 0o644); err != nil {
+		return Mount{}, "", err
+	}
+	return Mount{Src: dir, Dst: dst}, tok, nil
 }
 
 // ServiceAccountVolume is what the kubelet gives every container of a pod for its
@@ -186,6 +210,18 @@ func (c *Cluster) InstallKueueRBAC(rendered []byte) error {
 // (kube-apiserver's authentication_attempts{result="failure"|"error"}): a revoked token's
 // 401s.
 func (c *Cluster) AuthFailures(ctx context.Context) (float64, error) {
+	return c.metricSum(ctx, "authentication_attempts{", `result="failure"`, `result="error"`)
+}
+
+// AuthConfigReloads is how many times the API server reloaded its --authentication-config
+// file successfully (apiserver_authentication_config_controller_automatic_reloads_total).
+func (c *Cluster) AuthConfigReloads(ctx context.Context) (float64, error) {
+	return c.metricSum(ctx, "apiserver_authentication_config_controller_automatic_reloads_total{", `status="success"`)
+}
+
+// metricSum sums the API server's /metrics series starting with prefix whose labels hold any
+// of anyOf.
+func (c *Cluster) metricSum(ctx context.Context, prefix string, anyOf ...string) (float64, error) {
 	cs, err := kubernetes.NewForConfig(c.Config)
 	if err != nil {
 		return 0, err
@@ -199,10 +235,14 @@ func (c *Cluster) AuthFailures(ctx context.Context) (float64, error) {
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "authentication_attempts{") {
+		if !strings.HasPrefix(line, prefix) {
 			continue
 		}
-		if !strings.Contains(line, `result="failure"`) && !strings.Contains(line, `result="error"`) {
+		match := false
+		for _, l := range anyOf {
+			match = match || strings.Contains(line, l)
+		}
+		if !match {
 			continue
 		}
 		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)

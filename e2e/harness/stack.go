@@ -31,6 +31,7 @@ type Env struct {
 	Rendered []byte
 	// HubIdentity is the manager pod's ServiceAccount on the hub, for Kueue and the broker.
 	HubIdentity *ServiceAccountVolume
+	release     []byte // the workers' Kueue release manifests, rendered
 }
 
 // EnvOptions: what one fleet runs. The framework gives it the peers, the image content and
@@ -113,34 +114,76 @@ func startEnv(ctx context.Context, f *Framework, kueue KueuePeer, o EnvOptions) 
 	if e.HubIdentity, err = e.Hub.ServiceAccountVolume(ctx, filepath.Join(dir, "hub-serviceaccount"), KueueNamespace, KueueServiceAccount); err != nil {
 		return fail(err)
 	}
+	e.release = release
 	for _, w := range e.Workers {
-		if err := w.ApplyWorkerRBAC(); err != nil {
-			return fail(err)
-		}
-		if err := w.InstallKueueRBAC(release); err != nil {
-			return fail(err)
-		}
-		id, err := w.ServiceAccountVolume(ctx, filepath.Join(dir, w.Name, "serviceaccount"), KueueNamespace, KueueServiceAccount)
-		if err != nil {
-			return fail(err)
-		}
-		cfg, err := KueueConfigOf(release)
-		if err != nil {
-			return fail(err)
-		}
-		hp, _ := FreePort()
-		mp, _ := FreePort()
-		HostProcessOverrides(cfg, w, hp, mp)
-		k, err := StartKueue(ctx, KueueOptions{Name: "kueue-" + w.Name, Peer: kueue, Cluster: w, Config: cfg, Dir: filepath.Join(dir, w.Name, "kueue"), Identity: id}, hp)
+		k, err := e.setupWorker(ctx, w)
 		if err != nil {
 			return fail(err)
 		}
 		e.WorkerKueues = append(e.WorkerKueues, k)
-		if err := Apply(ctx, w.Client, workerSetup); err != nil {
-			return fail(fmt.Errorf("%s: %w", w.Name, err))
-		}
 	}
 	return e, nil
+}
+
+// setupWorker makes w a worker of the fleet: deploy/examples/worker-rbac, Kueue's release
+// RBAC and ServiceAccount, Kueue started with its release configuration (the host-process
+// changes), its ClusterQueue and ResourceFlavor.
+func (e *Env) setupWorker(ctx context.Context, w *Cluster) (*Kueue, error) {
+	if err := w.ApplyWorkerRBAC(); err != nil {
+		return nil, err
+	}
+	if err := w.InstallKueueRBAC(e.release); err != nil {
+		return nil, err
+	}
+	id, err := w.ServiceAccountVolume(ctx, filepath.Join(e.Dir, w.Name, "serviceaccount"), KueueNamespace, KueueServiceAccount)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := KueueConfigOf(e.release)
+	if err != nil {
+		return nil, err
+	}
+	hp, _ := FreePort()
+	mp, _ := FreePort()
+	HostProcessOverrides(cfg, w, hp, mp)
+	k, err := StartKueue(ctx, KueueOptions{Name: "kueue-" + w.Name, Peer: e.Kueue, Cluster: w, Config: cfg, Dir: filepath.Join(e.Dir, w.Name, "kueue"), Identity: id}, hp)
+	if err != nil {
+		return nil, err
+	}
+	if err := Apply(ctx, w.Client, workerSetup); err != nil {
+		_ = k.Stop(DaemonStopGrace)
+		return nil, fmt.Errorf("%s: %w", w.Name, err)
+	}
+	return k, nil
+}
+
+// ExtraWorker is a worker started for one scenario beside the fleet's (StartWorker).
+type ExtraWorker struct {
+	Cluster *Cluster
+	Kueue   *Kueue
+}
+
+// Stop stops its Kueue, then its control plane.
+func (w *ExtraWorker) Stop() {
+	if w.Kueue != nil {
+		_ = w.Kueue.Stop(DaemonStopGrace)
+	}
+	_ = w.Cluster.Stop()
+}
+
+// StartWorker starts one more worker of the fleet, set up as the fleet's are (setupWorker),
+// whose kube-apiserver gets flags besides envtest's: a cloud-like worker's authentication.
+func (e *Env) StartWorker(ctx context.Context, name string, flags map[string]string) (*ExtraWorker, error) {
+	c, err := StartCluster(ctx, ClusterOptions{Name: name, Peers: e.Peers, Kueue: e.Kueue, Dir: filepath.Join(e.Dir, name), APIServerFlags: flags})
+	if err != nil {
+		return nil, err
+	}
+	w := &ExtraWorker{Cluster: c}
+	if w.Kueue, err = e.setupWorker(ctx, c); err != nil {
+		w.Stop()
+		return nil, err
+	}
+	return w, nil
 }
 
 // KueueConfig is a fresh copy of the hub's Kueue configuration as rendered (before the
@@ -181,6 +224,9 @@ type Stack struct {
 type StackOptions struct {
 	BrokerConfig map[string]any
 	BrokerEnv    []string
+	// BrokerMounts are volumes only the broker's container mounts (a cloud identity's
+	// projected token, a credential configuration, a CA bundle).
+	BrokerMounts []Mount
 	KueueConfig  map[string]any // before the host-process overrides
 }
 
@@ -202,10 +248,10 @@ func (e *Env) StartStack(ctx context.Context, dir string, o StackOptions) (*Stac
 		s.Broker, err = StartBroker(ctx, BrokerOptions{
 			Content: e.Content, Config: o.BrokerConfig, SocketDir: s.SocketDir, TokenDir: s.TokenDir,
 			Dir: filepath.Join(dir, "broker"), Env: o.BrokerEnv, Identity: e.HubIdentity,
-			Mounts: append(e.secretreaderMount(), []Mount{
+			Mounts: append(append(e.secretreaderMount(), []Mount{
 				{Src: e.TokenPlugin, Dst: "/opt/e2e/bin/tokenplugin"},
 				{Src: s.RunDir, Dst: "/var/run/e2e", RW: true},
-			}...),
+			}...), o.BrokerMounts...),
 		})
 		if err != nil {
 			return nil, err

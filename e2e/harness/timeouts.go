@@ -149,6 +149,18 @@ const (
 	// ProcessOutputTimeout bounds a started client process printing its first line
 	// (kubectl proxy's address).
 	ProcessOutputTimeout = 30 * time.Second
+	// FakeCallTimeout bounds one call to or from a cloud's stand-in (clouds_test.go): a
+	// loopback round trip, or the webhook's call to moto's STS (answers in milliseconds);
+	// the broker's own bound on an upstream call is 20 s.
+	FakeCallTimeout = 10 * time.Second
+	// MotoStartTimeout bounds moto's server answering (a Python import of moto and Flask:
+	// seconds; the Rust tests give it 30 s too, tests/src/fakes/sts.rs).
+	MotoStartTimeout = 30 * time.Second
+	// AuthConfigReloadTimeout bounds kube-apiserver reloading a changed
+	// --authentication-config file: it watches the file (fsnotify) and polls it each minute
+	// (k8s.io/kubernetes pkg/kubeapiserver/options/authentication.go), so a write is seen at
+	// once, a missed event within the minute.
+	AuthConfigReloadTimeout = 70 * time.Second
 	// DialTimeout bounds one TCP dial on loopback (answered or refused at once).
 	DialTimeout = time.Second
 	// StopGrace is the time between SIGTERM and SIGKILL for a scenario's Kueue and broker
