@@ -257,7 +257,7 @@ func TestCloudAzure(t *testing.T) {
 		t.Errorf("no new Entra token after the revocation")
 	}
 	expectFakeClean(t, "the fake Entra ID", entra.Violations())
-	noTokenIn(t, "the broker log", s.Broker.LogText(), fedToken)
+	noTokenIn(t, "the broker log", s.Broker.LogText(), fedToken, entra.TokenPrefix())
 }
 
 // gcpProject and gcpAccount: the Google service account the pod's ServiceAccount is tied to
@@ -323,6 +323,7 @@ func TestCloudGCP(t *testing.T) {
 		if g1.Metadata-g.Metadata < 1 {
 			t.Errorf("no new metadata-server token after the revocation")
 		}
+		noTokenIn(t, "the broker log", s.Broker.LogText(), harness.GoogleTokenPrefix)
 		// This stack's ClusterProfiles go before the next one's Kueue starts.
 		s.Stop(ctx)
 	})
@@ -364,7 +365,7 @@ func TestCloudGCP(t *testing.T) {
 		if g.STS-g0.STS != 1 || g.Impersonations-g0.Impersonations != 1 || g.Metadata != g0.Metadata || c.Fetches != 1 {
 			t.Errorf("want 1 STS exchange, 1 impersonation, no metadata-server token and 1 upstream fetch")
 		}
-		noTokenIn(t, "the broker log", s.Broker.LogText(), subject)
+		noTokenIn(t, "the broker log", s.Broker.LogText(), subject, harness.GoogleTokenPrefix)
 	})
 	expectFakeClean(t, "the fake Google", google.Violations())
 }
@@ -455,5 +456,5 @@ func TestCloudAWS(t *testing.T) {
 	if unmapped < 1 {
 		t.Errorf("the webhook never refused an unmapped token")
 	}
-	noTokenIn(t, "the broker log", s.Broker.LogText(), webToken)
+	noTokenIn(t, "the broker log", s.Broker.LogText(), webToken, harness.EKSTokenPrefix)
 }

@@ -167,7 +167,8 @@ func (h *EKSWebhook) ClustersSeen() []string {
 	return out
 }
 
-const eksTokenPrefix = "k8s-aws-v1."
+// EKSTokenPrefix begins every EKS token (aws eks get-token's and the broker's).
+const EKSTokenPrefix = "k8s-aws-v1."
 
 // eksAllowedParams are the query parameters aws-iam-authenticator accepts in a token's URL
 // (pkg/token/token.go, parameterWhitelist), lower case.
@@ -195,10 +196,10 @@ func (h *EKSWebhook) review(tok string) (string, []string, error) {
 }
 
 func (h *EKSWebhook) check(tok string) (user string, groups []string, unmapped bool, err error) {
-	if !strings.HasPrefix(tok, eksTokenPrefix) {
+	if !strings.HasPrefix(tok, EKSTokenPrefix) {
 		return "", nil, false, fmt.Errorf("not a k8s-aws-v1 token")
 	}
-	raw, err := b64url.DecodeString(strings.TrimPrefix(tok, eksTokenPrefix))
+	raw, err := b64url.DecodeString(strings.TrimPrefix(tok, EKSTokenPrefix))
 	if err != nil {
 		return "", nil, false, fmt.Errorf("token: not base64url")
 	}

@@ -51,7 +51,7 @@ func TestEKSWebhookChecks(t *testing.T) {
 	h := &EKSWebhook{Region: "us-west-2", Clusters: []string{"eks-1", "eks-2"}, moto: &Moto{URL: sts.URL}, client: sts.Client(),
 		entries: map[string]AccessEntry{}, seen: map[string]bool{}}
 	h.SetAccessEntry("arn:aws:iam::123456789012:role/kueue", []string{"kueue-multikueue"})
-	token := func(u string) string { return eksTokenPrefix + b64url.EncodeToString([]byte(u)) }
+	token := func(u string) string { return EKSTokenPrefix + b64url.EncodeToString([]byte(u)) }
 	host := "sts.us-west-2.amazonaws.com"
 	now := time.Now()
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -77,6 +78,13 @@ func StartFakeEntra(ctx context.Context, dir string, hub *Cluster, tenant, clien
 	})
 	fc.Mux.HandleFunc("POST /"+tenant+"/oauth2/v2.0/token", e.token)
 	return e, nil
+}
+
+// TokenPrefix begins every access token the fake issues (its JWS header): a log holding it
+// holds a token.
+func (e *FakeEntra) TokenPrefix() string {
+	h, _ := json.Marshal(map[string]any{"alg": "RS256", "typ": "JWT", "kid": entraKid})
+	return b64url.EncodeToString(h) + "."
 }
 
 // Issuer is the tenant's v2.0 issuer, what AKS's authenticator trusts.

@@ -21,6 +21,9 @@ const (
 	accessTokenType    = "urn:ietf:params:oauth:token-type:access_token"
 	// googleTokenLife is how long Google's access tokens live (1 h).
 	googleTokenLife = time.Hour
+	// GoogleTokenPrefix begins every access token the fake mints (as Google's OAuth2 access
+	// tokens begin): a log holding it holds a token.
+	GoogleTokenPrefix = "ya29."
 	// metadataTokenPath is the GCE/GKE metadata server's token of the pod's identity.
 	metadataTokenPath = "/computeMetadata/v1/instance/service-accounts/default/token"
 )
@@ -42,8 +45,8 @@ const (
 //     tokeninfo, over HTTPS, and mapped to the account's email (what GKE names a Google
 //     service account: bind it as a User, docs/deploy.md).
 //
-// Disabling the account (SetEnabled) makes every token of it invalid at tokeninfo and every
-// new token refused, as Google does for a disabled service account.
+// Disabling the account (SetEnabled) makes every token of it minted so far invalid at
+// tokeninfo, for good, and every new token refused until it is enabled again.
 type FakeGoogle struct {
 	*FakeCloud
 	// Metadata is the metadata server's host:port (GCE_METADATA_HOST).
@@ -64,6 +67,7 @@ type googleToken struct {
 	email   string // "" for a federated (STS) token: not an access token of an account
 	scopes  []string
 	expires time.Time
+	revoked bool // minted before the account was disabled
 }
 
 // GoogleCounts are the requests each endpoint served: tokens minted by the metadata server,
@@ -106,8 +110,23 @@ func (g *FakeGoogle) Close() {
 	g.FakeCloud.Close()
 }
 
-// SetEnabled enables or disables the service account.
-func (g *FakeGoogle) SetEnabled(on bool) { g.mu.Lock(); g.off = !on; g.mu.Unlock() }
+// SetEnabled enables or disables the service account. Disabling it also revokes every token
+// of it minted so far: they stay invalid once it is enabled again, so a client recovers only
+// with a new token.
+func (g *FakeGoogle) SetEnabled(on bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.off = !on
+	if on {
+		return
+	}
+	for k, t := range g.tokens {
+		if t.email == g.Account {
+			t.revoked = true
+			g.tokens[k] = t
+		}
+	}
+}
 
 // Counts are the requests served so far.
 func (g *FakeGoogle) Counts() GoogleCounts { g.mu.Lock(); defer g.mu.Unlock(); return g.counts }
@@ -143,7 +162,7 @@ func (g *FakeGoogle) metadataToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.counts.Metadata++
-	tok, _ := g.mint("ya29.md-", g.Account, strings.Split(want, ","))
+	tok, _ := g.mint(GoogleTokenPrefix+"md-", g.Account, strings.Split(want, ","))
 	writeJSON(w, http.StatusOK, map[string]any{"access_token": tok, "expires_in": int(googleTokenLife.Seconds()) - 1, "token_type": "Bearer"})
 }
 
@@ -174,7 +193,7 @@ func (g *FakeGoogle) sts(w http.ResponseWriter, r *http.Request) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.counts.STS++
-	tok, _ := g.mint("ya29.fed-", "", []string{f("scope")})
+	tok, _ := g.mint(GoogleTokenPrefix+"fed-", "", []string{f("scope")})
 	writeJSON(w, http.StatusOK, map[string]any{"access_token": tok, "issued_token_type": accessTokenType, "token_type": "Bearer", "expires_in": int(googleTokenLife.Seconds())})
 }
 
@@ -212,7 +231,7 @@ func (g *FakeGoogle) generateAccessToken(w http.ResponseWriter, r *http.Request)
 		return
 	}
 	g.counts.Impersonations++
-	tok, exp := g.mint("ya29.imp-", g.Account, body.Scope)
+	tok, exp := g.mint(GoogleTokenPrefix+"imp-", g.Account, body.Scope)
 	writeJSON(w, http.StatusOK, map[string]any{"accessToken": tok, "expireTime": exp.UTC().Format(time.RFC3339)})
 }
 
@@ -223,7 +242,7 @@ func (g *FakeGoogle) tokeninfo(w http.ResponseWriter, r *http.Request) {
 	t, ok := g.tokens[fingerprint(r.URL.Query().Get("access_token"))]
 	off := g.off
 	g.mu.Unlock()
-	if !ok || time.Now().After(t.expires) || (off && t.email == g.Account) {
+	if !ok || t.revoked || time.Now().After(t.expires) || (off && t.email == g.Account) {
 		googleError(w, http.StatusBadRequest, "invalid_token", "Invalid Value")
 		return
 	}
