@@ -60,6 +60,9 @@ const SCRUBBED: &[&str] = &[
     "no_proxy",
 ];
 
+/// The broker's `engine::cache::DENIAL_RETRY_AFTER`: how long a denied identity stays denied.
+const DENIAL_RETRY_AFTER: Duration = Duration::from_secs(5);
+
 /// `credbroker serve` with an `azure` provider named `aks` (`azure_section` is its `azure:`
 /// flow mapping), none of [`SCRUBBED`], `RUST_LOG=info`, then `env`.
 fn azure_broker(azure_section: &str, env: &[(&str, String)]) -> Broker {
@@ -409,9 +412,19 @@ fn aadsts_errors_are_permission_denied_with_code_and_meaning() {
         json!({"clusterName": "b"}),
         &["PERMISSION_DENIED", "AADSTS700213"],
     );
-    // Denied is not cached: once the federated credential is fixed, the next call works.
+    // The denial stands for the broker's 5 s (`DENIAL_RETRY_AFTER`), whoever asks: one
+    // Entra request per identity, not one per cluster. Once the federated credential is
+    // fixed, the first call after it asks Entra again and works.
+    let requests = entra.seen().len();
     entra.fail_with(None);
+    broker.shim_error(
+        json!({"clusterName": "c"}),
+        &["PERMISSION_DENIED", "AADSTS700213", "retrying in"],
+    );
+    assert_eq!(entra.seen().len(), requests, "asked Entra again at once");
+    std::thread::sleep(DENIAL_RETRY_AFTER);
     broker.token(json!({"clusterName": "a"}));
+    assert_eq!(entra.seen().len(), requests + 1);
     entra.assert_no_violations();
 }
 

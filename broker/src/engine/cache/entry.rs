@@ -9,14 +9,14 @@ use futures_util::future::Shared;
 use tokio::time::Instant;
 
 use super::{
-    BACKOFF_JITTER, CacheError, CacheKey, ENTRY_OVERHEAD, EntryInfo, EntryState, INITIAL_BACKOFF,
-    LISTED_CLUSTERS, MAX_BACKOFF, MAX_LIFETIME, Outcome, REFRESH_FRACTION, REFRESH_JITTER,
-    REFRESH_LEAD, STALE_MARGIN, Served,
+    BACKOFF_JITTER, CacheError, CacheKey, DENIAL_RETRY_AFTER, ENTRY_OVERHEAD, EntryInfo,
+    EntryState, INITIAL_BACKOFF, LISTED_CLUSTERS, MAX_BACKOFF, MAX_LIFETIME, Outcome,
+    REFRESH_FRACTION, REFRESH_JITTER, REFRESH_LEAD, STALE_MARGIN, Served,
 };
 use crate::base::clock::{last_whole_second_before, wall_now, whole_second_at_or_after};
 use crate::engine::rejections::{self, CheckKey, CredentialDigest};
 use crate::engine::review::Answer;
-use crate::providers::{BoxFuture, Credential, Resolved};
+use crate::providers::{BoxFuture, Credential, ProviderError, Resolved};
 use crate::request::{StoredRequest, TokenRequest};
 
 pub(super) type Inflight = Shared<BoxFuture<'static, Result<Served, CacheError>>>;
@@ -211,10 +211,13 @@ impl Slot {
                 Err(error)
             }
             Err(error) => {
-                // Denied, or the source is gone: what we hold must not be served again.
+                // Denied, or the source is gone: what we hold must not be served again. An
+                // upstream's denial is not asked again per caller; a missing source (a file,
+                // a Secret) is looked for again at the next call.
                 st.current = None;
                 st.failures = 0;
-                st.retry_at = None;
+                let denied = matches!(error, CacheError::Provider(ProviderError::Denied(_)));
+                st.retry_at = (back_off && denied).then(|| now + DENIAL_RETRY_AFTER);
                 st.last_error = Some(error.clone());
                 Err(error)
             }

@@ -330,15 +330,56 @@ async fn denial_drops_the_entry() {
     // This hit still gets the old token; its background refresh is denied.
     assert_eq!(token(&get(&cache, &p, "a").await.unwrap()), "fake-a-1");
     settle().await;
-    // The denied token is not served again; the next call asks upstream (no backoff).
+    // The denied token is not served again; the denial stands for DENIAL_RETRY_AFTER.
     let err = get(&cache, &p, "a").await.unwrap_err();
     assert!(
-        matches!(err, CacheError::Provider(ProviderError::Denied(_))),
+        matches!(&err, CacheError::BackingOff { last, .. }
+            if matches!(**last, CacheError::Provider(ProviderError::Denied(_)))),
         "{err:?}"
     );
-    assert_eq!(fake.calls(), 3);
+    assert_eq!(fake.calls(), 2);
     fake.fail_with(None);
-    assert_eq!(token(&get(&cache, &p, "a").await.unwrap()), "fake-a-4");
+    tokio::time::advance(DENIAL_RETRY_AFTER).await;
+    assert_eq!(token(&get(&cache, &p, "a").await.unwrap()), "fake-a-3");
+}
+
+/// A fleet whose clusters share one identity asks for it once per cluster: when the upstream
+/// denies it (a disabled client, a role gone), each of those calls asked the upstream again,
+/// a thousand upstream calls per round of a thousand clusters' retries.
+#[tokio::test(start_paused = true)]
+async fn a_denied_identity_is_asked_upstream_once_per_interval_whatever_the_callers() {
+    let (cache, fake, p) = setup(HOUR);
+    fake.fail_with(Some(ProviderError::Denied("client disabled".into())));
+    assert!(get(&cache, &p, "a").await.is_err());
+    for _ in 0..1000 {
+        let err = get(&cache, &p, "a").await.unwrap_err();
+        assert!(err.to_string().contains("client disabled"), "{err}");
+    }
+    assert_eq!(fake.calls(), 1);
+    // The interval stays the same while the denial lasts: the operator's fix is seen within
+    // it, however long the identity was denied.
+    for round in 2..=10 {
+        tokio::time::advance(DENIAL_RETRY_AFTER).await;
+        assert!(get(&cache, &p, "a").await.is_err());
+        assert!(get(&cache, &p, "a").await.is_err());
+        assert_eq!(fake.calls(), round);
+    }
+    fake.fail_with(None);
+    tokio::time::advance(DENIAL_RETRY_AFTER).await;
+    get(&cache, &p, "a").await.unwrap();
+    assert_eq!(fake.calls(), 11);
+}
+
+/// A missing source (a Secret not created yet, a file not written yet) is not a denial: it
+/// is looked for again at the next call.
+#[tokio::test(start_paused = true)]
+async fn a_missing_source_is_looked_for_again_at_the_next_call() {
+    let (cache, fake, p) = setup(HOUR);
+    fake.fail_with(Some(ProviderError::NotFound("no such Secret".into())));
+    assert!(get(&cache, &p, "a").await.is_err());
+    fake.fail_with(None);
+    get(&cache, &p, "a").await.unwrap();
+    assert_eq!(fake.calls(), 2);
 }
 
 #[tokio::test(start_paused = true)]
