@@ -256,6 +256,11 @@ func TestCloudAzure(t *testing.T) {
 	if issued1-issued < 1 {
 		t.Errorf("no new Entra token after the revocation")
 	}
+	// The broker asks for a denied identity at most once per 5 s, not once per cluster that
+	// shares it (each of the ten clusters' callers used to make one refused request).
+	if refused >= fanOut {
+		t.Errorf("Entra refused %d requests for %d clusters on one identity: asked once per cluster", refused, fanOut)
+	}
 	expectFakeClean(t, "the fake Entra ID", entra.Violations())
 	noTokenIn(t, "the broker log", s.Broker.LogText(), fedToken, entra.TokenPrefix())
 }
