@@ -72,9 +72,9 @@ pub const BACKOFF_JITTER: f64 = 0.2;
 /// most once per this long, whichever callers ask: a fleet's clusters share one identity,
 /// and each cluster's retry used to be an upstream call. Not growing like the backoff, since
 /// what ends a denial is an operator's fix, which should show at once: 5 s is Kueue's first
-/// retry of a disconnected cluster (see [`crate::engine::rejections::FORCED_REFRESH_INTERVAL`]), so a fix is
-/// picked up by about the same retry that would have seen it anyway. The admin `Refresh`
-/// asks at once.
+/// retry of a disconnected cluster (see
+/// [`crate::engine::rejections::FORCED_REFRESH_INTERVAL`]), so a fix is picked up by about
+/// the same retry that would have seen it anyway. The admin `Refresh` asks at once.
 pub const DENIAL_RETRY_AFTER: Duration = Duration::from_secs(5);
 /// How long the cache waits for any upstream call. Defined with the config's shared values,
 /// since provider sections (an exec plugin's `timeout`) are checked against it.
