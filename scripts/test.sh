@@ -104,13 +104,6 @@ have ip || die "ip (iproute2) is missing and could not be installed"
 have qemu-aarch64-static || apt_install qemu-user-static
 have qemu-aarch64-static || die "qemu-aarch64-static (qemu-user-static) is missing and could not be installed"
 printf 'kubectl: %s\ngrpcurl: %s\npromtool: %s\n' "$(kubectl version --client 2>/dev/null | head -1)" "$(grpcurl -version 2>&1)" "$(promtool --version 2>&1 | head -1)"
-# Kueue's own manifests (its config/default at the versions e2e/ verifies) and the real-cluster
-# peers, from the Go module proxy into ~/.cache/credbroker-e2e (e2e/README.md): the deploy and
-# docs tests render every overlay over Kueue's real manifests, so this runs before cargo test.
-# Idempotent and cached (a second run takes well under a second); a peer that cannot be built
-# fails the run.
-have go || die "go is missing (e2e/peers.sh fetches Kueue's manifests and builds the e2e peers)"
-e2e/peers.sh
 
 # Jobs run beside the foreground at the lowest CPU priority, each in a session of its own (so
 # that it is stopped whole, with its children, if the run fails first); its output goes to a
@@ -141,6 +134,19 @@ stop_background() {
     rm -rf "$logs"
 }
 trap stop_background EXIT
+
+# Kueue's own manifests (its config/default at the versions e2e/ verifies) and the real-cluster
+# peers, from the Go module proxy into ~/.cache/credbroker-e2e (e2e/README.md). The manifests
+# first (seconds): the deploy and docs tests render every overlay over them. The binaries are
+# minutes of compiling on a fresh machine (the kube-apiserver, the node's four, etcd,
+# containerd, two Kueues) that no test needs before tests/tests/deploy.rs (Kueue) and the
+# real-cluster suite (the rest), so they build beside the lints, builds and tests, and the run
+# waits for each only there. Idempotent and cached (well under a second when built); a peer
+# that cannot be built fails the run.
+have go || die "go is missing (e2e/peers.sh fetches Kueue's manifests and builds the e2e peers)"
+e2e/peers.sh env
+background peers-kueue e2e/peers.sh kueue
+background peers-cluster e2e/peers.sh cluster
 
 say "format and lints"
 cargo fmt --all -- --check
@@ -179,25 +185,28 @@ background release-builds bash -c 'scripts/cross-build.sh --arch arm64 \
 say "tests"
 # Every test target but tests/tests/image.rs (image builds: CPU for minutes, nothing timed),
 # which runs beside the real-cluster suite below. The targets that run the arm64 binaries
-# (credbroker_tests::arch::arm64) come last, so that the background arm64 build has had the
-# time the others leave idle.
-first=() arm64=()
+# (credbroker_tests::arch::arm64) and tests/tests/deploy.rs (it starts the Kueue binaries)
+# come last, so that the background arm64 and Kueue builds have had the time the others
+# leave idle.
+first=() last=()
 for t in tests/tests/*.rs; do
     name=$(basename "$t" .rs)
     if [ "$name" = image ]; then continue
-    elif grep -q 'arch::arm64()' "$t"; then arm64+=(--test "$name")
+    elif [ "$name" = deploy ] || grep -q 'arch::arm64()' "$t"; then last+=(--test "$name")
     else first+=(--test "$name"); fi
 done
 cargo test --locked --workspace --exclude credbroker-tests
 cargo test --locked -p credbroker-tests --lib "${first[@]}"
 cargo test --locked -p credbroker-tests --doc
-cargo test --locked -p credbroker-tests "${arm64[@]}"
+finish peers-kueue
+cargo test --locked -p credbroker-tests "${last[@]}"
 finish release-builds
 
 say "real-cluster suite (e2e/): Kueue, kube-apiserver and etcd from the Go module proxy"
-# Peers built by e2e/peers.sh above (test peers); Kueue v0.19.2 and v0.17.0 dispatch Jobs
-# through credbroker.
+# Peers built by e2e/peers.sh beside the work above (peers-cluster, waited for here); Kueue
+# v0.19.2 and v0.17.0 dispatch Jobs through credbroker.
 [ "$(id -u)" = 0 ] || die "the e2e suite needs root (mount namespaces and chroot for Kueue and the broker)"
+finish peers-cluster
 unformatted=$(cd e2e && gofmt -l .)
 [ -z "$unformatted" ] || die "gofmt: these e2e files need formatting: $unformatted"
 (cd e2e && GOTOOLCHAIN=local go vet ./...)
