@@ -170,37 +170,41 @@ cargo build --locked --workspace --bins
 cargo test --locked --workspace --exclude credbroker-tests --no-run
 cargo test --locked -p credbroker-tests --no-run
 
-say "release builds, beside the tests at the lowest priority"
-# The arm64 build (Debian's rustc for aarch64, static; scripts/cross-build.sh installs what it
-# needs) and the image's amd64 release content (scripts/image-content.sh), each in a target
-# directory of its own: minutes of compiling that nothing needs before the arm64 tests,
-# tests/tests/image.rs and e2e's node (which then find them built; a build still running holds
-# its cargo lock until it ends). At nice 19 they take the CPU the tests leave idle (most tests
-# wait on sockets and timers). They start once the lints and the test builds, which keep both
-# cores busy, are done: started beside them once, the lints took 1m35s instead of 21s,
-# their cargo "blocking waiting for file lock on package cache".
-background release-builds bash -c 'scripts/cross-build.sh --arch arm64 \
-    && scripts/image-content.sh --profile release --out "$1" >/dev/null' release-builds "$logs/release-content"
+say "release builds and the arm64 tests, beside the tests at the lowest priority"
+# The image's amd64 release content (scripts/image-content.sh) and the arm64 build (Debian's
+# rustc for aarch64, static; scripts/cross-build.sh installs what it needs), each in a target
+# directory of its own: minutes of compiling (the broker's thin LTO, on every clone) that
+# nothing needs before the real-cluster suite and tests/tests/image.rs (which then find the
+# content built) and the arm64 tests, which run in the same job once their build is done. At
+# nice 19 they take the CPU the tests leave idle (most tests wait on sockets and timers); side
+# by side, the two compilers' single-threaded stretches fill both cores. They start once the
+# lints and the test builds, which keep both cores busy, are done: started beside them once,
+# the lints took 1m35s instead of 21s, their cargo "blocking waiting for file lock on package
+# cache". The arm64 job runs on beside the real-cluster suite, which waits only for the amd64
+# content.
+first=() arm64=()
+for t in tests/tests/*.rs; do
+    name=$(basename "$t" .rs)
+    if [ "$name" = image ] || [ "$name" = deploy ]; then continue
+    elif grep -q 'arch::arm64()' "$t"; then arm64+=(--test "$name")
+    else first+=(--test "$name"); fi
+done
+background release-content bash -c 'scripts/image-content.sh --profile release --out "$1" >/dev/null' \
+    release-content "$logs/release-content"
+background arm64 bash -c 'scripts/cross-build.sh --arch arm64 && cargo test --locked -p credbroker-tests "$@"' \
+    arm64 "${arm64[@]}"
 
 say "tests"
 # Every test target but tests/tests/image.rs (image builds: CPU for minutes, nothing timed),
-# which runs beside the real-cluster suite below. The targets that run the arm64 binaries
-# (credbroker_tests::arch::arm64) and tests/tests/deploy.rs (it starts the Kueue binaries)
-# come last, so that the background arm64 and Kueue builds have had the time the others
-# leave idle.
-first=() last=()
-for t in tests/tests/*.rs; do
-    name=$(basename "$t" .rs)
-    if [ "$name" = image ]; then continue
-    elif [ "$name" = deploy ] || grep -q 'arch::arm64()' "$t"; then last+=(--test "$name")
-    else first+=(--test "$name"); fi
-done
+# which runs beside the real-cluster suite below, and those that run the arm64 binaries
+# (credbroker_tests::arch::arm64), in the arm64 job above. tests/tests/deploy.rs starts the
+# Kueue binaries: it runs last, once their background build is done.
 cargo test --locked --workspace --exclude credbroker-tests
 cargo test --locked -p credbroker-tests --lib "${first[@]}"
 cargo test --locked -p credbroker-tests --doc
 finish peers-kueue
-cargo test --locked -p credbroker-tests "${last[@]}"
-finish release-builds
+cargo test --locked -p credbroker-tests --test deploy
+finish release-content
 
 say "real-cluster suite (e2e/): Kueue, kube-apiserver and etcd from the Go module proxy"
 # Peers built by e2e/peers.sh beside the work above (peers-cluster, waited for here); Kueue
@@ -219,5 +223,6 @@ background image-tests-and-bench bash -c 'cargo test --locked -p credbroker-test
     && cargo run --locked -q -p credbroker-bench -- --smoke >/dev/null'
 (cd e2e && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . ./harness 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e)|_test\.go:[0-9]+: ' | cut -c1-600; exit "${PIPESTATUS[0]}")
 finish image-tests-and-bench
+finish arm64
 
 say "done"
