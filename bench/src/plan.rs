@@ -43,6 +43,9 @@ pub struct Plan {
     pub hostile_unloaded: Duration,
     pub hostile_streams: Duration,
     pub hostile: Duration,
+    /// The comparison with the attackers in a cpu cgroup of their own: this many rounds of
+    /// legitimate callers alone, then beside the attackers, `hostile / rounds` each.
+    pub hostile_rounds: u32,
     /// The hostile section's re-ask part: the victim's tries per phase (unloaded, beside
     /// each re-ask attacker), the check-slot attacker's entries, and the most an attacker
     /// runs (it stops when the victim's tries are done).
@@ -77,6 +80,9 @@ impl Plan {
             hostile_unloaded: Duration::from_secs(30),
             hostile_streams: Duration::from_secs(300),
             hostile: Duration::from_secs(60),
+            // Six windows of 10 s each way: the machine's slow spells (seconds long, see
+            // BENCHMARKS.md section 8) fall on both sides instead of on one phase.
+            hostile_rounds: 6,
             // 30 tries give a median and a max worth reading (about 30 s a phase); 1 300
             // entries is the red team's attack (tests/tests/hostile_reasks.rs).
             reask_tries: 30,
@@ -109,6 +115,7 @@ impl Plan {
             hostile_unloaded: Duration::from_secs(3),
             hostile_streams: Duration::from_secs(3),
             hostile: Duration::from_secs(4),
+            hostile_rounds: 1,
             reask_tries: 3,
             reask_entries: 100,
             reask_attack_cap: Duration::from_secs(60),

@@ -42,6 +42,9 @@ const CALL_DEADLINE: Duration = Duration::from_secs(5);
 const MISS_DEADLINE: Duration = Duration::from_secs(10);
 /// The bound on RSS growth under the stream flood.
 const RSS_GROWTH_GOAL_MIB: u64 = 40;
+/// Before each window alone, after attackers: the hanging misses' plugin timeout (5 s,
+/// `shared`'s `timeout`) and a second for the broker to reap them.
+const SETTLE: Duration = Duration::from_secs(6);
 
 #[derive(Debug, Default)]
 struct Phase {
@@ -52,6 +55,19 @@ struct Phase {
     first_error: Option<String>,
     rss_max_kib: u64,
     rss_end_kib: u64,
+}
+
+impl Phase {
+    /// Adds a later window's calls to this phase's.
+    fn absorb(&mut self, later: Phase) {
+        self.hits.extend(later.hits);
+        self.misses.extend(later.misses);
+        self.hit_errors += later.hit_errors;
+        self.miss_errors += later.miss_errors;
+        self.first_error = self.first_error.take().or(later.first_error);
+        self.rss_max_kib = self.rss_max_kib.max(later.rss_max_kib);
+        self.rss_end_kib = later.rss_end_kib;
+    }
 }
 
 pub fn run(bench: &mut Bench<'_>) {
@@ -103,10 +119,30 @@ pub fn run(bench: &mut Bench<'_>) {
     attacks.extend(more);
     // The same again with the attackers in a cpu cgroup of their own, as separate pods
     // would be: the kernel then shares the CPU between the groups, not between threads.
+    // Measured in rounds, each a window of the legitimate callers alone and one beside the
+    // attackers, compared window against window: this machine has slow spells of a few
+    // seconds (every call 2–4× slower, attackers or not) that decide a p99 by where they fall,
+    // and alternating windows spreads them over both sides.
+    let rounds = bench.plan.hostile_rounds.max(1);
+    let window = plan_window(&bench.plan);
     let grouped = CpuGroup::create().and_then(|group| {
-        let (calls, more, moved) = phase(&ALL_FOUR, hostile_for, "grouped", Some(&group));
-        attacks.extend(more);
-        moved.map(|()| calls)
+        let (mut alone, mut beside) = (Phase::default(), Phase::default());
+        for round in 0..rounds {
+            // What the attackers before left running (a hanging plugin until its timeout)
+            // ends before a window alone.
+            std::thread::sleep(SETTLE);
+            let calls = bench
+                .rt
+                .block_on(legit(&socket, pid, window, &format!("alone-{round}")));
+            alone.absorb(calls);
+            let (calls, more, moved) = phase(&ALL_FOUR, window, "grouped", Some(&group));
+            moved?;
+            beside.absorb(calls);
+            if round == 0 {
+                attacks.extend(more);
+            }
+        }
+        Ok([alone, beside])
     });
     drop(broker);
     report(
@@ -117,6 +153,11 @@ pub fn run(bench: &mut Bench<'_>) {
         &attacks,
     );
     reask::run(bench, &attacker_bin);
+}
+
+/// How long each window of the rounds lasts.
+fn plan_window(plan: &crate::plan::Plan) -> Duration {
+    plan.hostile / plan.hostile_rounds.max(1)
 }
 
 /// Where cgroup v1's `cpu` controller is mounted (this machine's hybrid layout).
@@ -314,7 +355,7 @@ fn note(phase: &mut Phase, result: Result<Duration, String>, miss: bool) {
 fn report(
     bench: &mut Bench<'_>,
     phases: [&Phase; 3],
-    grouped: &Result<Phase, String>,
+    grouped: &Result<[Phase; 2], String>,
     rss_before: u64,
     attacks: &[(&str, String)],
 ) {
@@ -340,7 +381,7 @@ fn report(
     let all: Vec<&Phase> = phases
         .iter()
         .copied()
-        .chain(grouped.as_ref().ok())
+        .chain(grouped.iter().flatten())
         .collect();
     let errors: usize = all.iter().map(|p| p.hit_errors + p.miss_errors).sum();
     let first_error = all.iter().find_map(|p| p.first_error.as_ref());
@@ -350,26 +391,38 @@ fn report(
         p99(streams).as_secs_f64() / unloaded_p99,
         p99(hostile).as_secs_f64() / unloaded_p99,
     );
-    let (grouped_row, grouped_ratio) = match grouped {
-        Ok(g) => (
-            row("all four attackers, in a cpu cgroup of their own", g),
-            Some(p99(g).as_secs_f64() / unloaded_p99),
+    let (grouped_rows, grouped_ratio) = match grouped {
+        Ok([alone, beside]) => (
+            format!(
+                "{}\n{}",
+                row("rounds: alone", alone),
+                row(
+                    "rounds: beside all four, in a cpu cgroup of their own",
+                    beside
+                )
+            ),
+            Some(p99(beside).as_secs_f64() / p99(alone).as_secs_f64().max(1e-9)),
         ),
         Err(e) => (
             format!(
-                "| all four attackers, in a cpu cgroup of their own | not run: {} | | | | | | | | | | |",
+                "| rounds beside all four, in a cpu cgroup of their own | not run: {} | | | | | | | | | | |",
                 e.replace('|', "/")
             ),
             None,
         ),
     };
+    let window = plan_window(&bench.plan);
     let plan = &bench.plan;
     let _ = writeln!(
         bench.out,
-        "## 8. Hostile phase\n\nLegitimate callers alone for {}s; then {}s beside the two stream attackers; then {}s beside all four (`bench/src/attack.rs`, run as this binary under other uids), and as long again beside all four in a cpu cgroup of their own (cgroup v1, default `cpu.shares`). Legitimate: uid 0, {HIT_CALLERS} callers each making a cache hit on a fresh connection every {} ms, and one new-cluster miss every {} s on `shared`, the exec provider the hanging misses use. The broker runs production's rate limit (200/s, burst 2 000 per uid) and `allowedUids: [0, {ALLOWED_ATTACKER}]`.\n\n| phase | hits | errors | p50 | p99 | max | new-cluster misses | errors | p50 | max | RSS max | RSS end |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n{}\n{}\n{grouped_row}\n",
+        "## 8. Hostile phase\n\nLegitimate callers alone for {}s; then {}s beside the two stream attackers; then {}s beside all four (`bench/src/attack.rs`, run as this binary under other uids); then {} rounds of {}s alone and {}s beside all four in a cpu cgroup of their own (cgroup v1, default `cpu.shares`), a pause of {}s before each window alone, each side's windows pooled (the `rounds` rows). Legitimate: uid 0, {HIT_CALLERS} callers each making a cache hit on a fresh connection every {} ms, and one new-cluster miss every {} s on `shared`, the exec provider the hanging misses use. The broker runs production's rate limit (200/s, burst 2 000 per uid) and `allowedUids: [0, {ALLOWED_ATTACKER}]`.\n\n| phase | hits | errors | p50 | p99 | max | new-cluster misses | errors | p50 | max | RSS max | RSS end |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{}\n{}\n{}\n{grouped_rows}\n",
         plan.hostile_unloaded.as_secs(),
         plan.hostile_streams.as_secs(),
         plan.hostile.as_secs(),
+        plan.hostile_rounds.max(1),
+        window.as_secs_f64(),
+        window.as_secs_f64(),
+        SETTLE.as_secs(),
         HIT_EVERY.as_millis(),
         MISS_EVERY.as_secs(),
         row("unloaded", unloaded),
@@ -382,7 +435,7 @@ fn report(
         let phase = match i {
             0 | 1 => "stream attackers",
             2..=5 => "all four",
-            _ => "all four, own cpu cgroup",
+            _ => "all four, own cpu cgroup (first round)",
         };
         let (what, uid) = match *kind {
             "stall" => (
@@ -407,7 +460,7 @@ fn report(
     let _ = writeln!(bench.out, "{table}");
     let _ = writeln!(
         bench.out,
-        "Goals: legitimate errors 0: **{}** ({errors}{}); hit p99 ≤ 2× unloaded with the attackers in a cpu cgroup of their own, as separate pods would be: **{}** ({}); the same in this bench's cgroup, sharing the CPU thread by thread with them: **{}** (stream attackers {streams_ratio:.2}×, all four {hostile_ratio:.2}×); RSS ≤ +{RSS_GROWTH_GOAL_MIB} MiB under the stream attackers: **{}** (+{growth_mib} MiB at most over {:.1} MiB before them). With all four, RSS also holds the oversize entries, bounded by `cache.maxBytes` (64 MiB). New-cluster misses wait for a permit a hanging miss holds (a free one goes to the uid holding fewest): at most one plugin timeout.\n",
+        "Goals: legitimate errors 0: **{}** ({errors}{}); hit p99 ≤ 2× alone with the attackers in a cpu cgroup of their own, as separate pods would be (the rounds, window against window): **{}** ({}); against the first phase alone, in this bench's cgroup, sharing the CPU thread by thread with them: **{}** (stream attackers {streams_ratio:.2}×, all four {hostile_ratio:.2}×); RSS ≤ +{RSS_GROWTH_GOAL_MIB} MiB under the stream attackers: **{}** (+{growth_mib} MiB at most over {:.1} MiB before them). With all four, RSS also holds the oversize entries, bounded by `cache.maxBytes` (64 MiB). New-cluster misses wait for a permit a hanging miss holds (a free one goes to the uid holding fewest): at most one plugin timeout.\n",
         verdict(errors == 0),
         first_error
             .map(|e| format!(", first: {e}"))
