@@ -221,7 +221,16 @@ cargo build --locked -q -p credbroker-bench
 # The benchmarks keep working (BENCHMARKS.md): --smoke, seconds of each section, nothing timed.
 background image-tests-and-bench bash -c 'cargo test --locked -p credbroker-tests --test image \
     && cargo run --locked -q -p credbroker-bench -- --smoke >/dev/null'
-(cd e2e && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . ./harness 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e)|_test\.go:[0-9]+: ' | cut -c1-600; exit "${PIPESTATUS[0]}")
+# The log shows each test's lines; on a failure, the whole output's last 200 lines too (a
+# setup error's log tail, which the filter leaves out).
+e2e_status=0
+(cd e2e && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . ./harness) >"$logs/e2e.log" 2>&1 || e2e_status=$?
+grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e)|_test\.go:[0-9]+: ' "$logs/e2e.log" | cut -c1-600
+if [ "$e2e_status" != 0 ]; then
+    say "real-cluster suite failed (exit $e2e_status): the last 200 lines of its output"
+    tail -n 200 "$logs/e2e.log" | cut -c1-600
+    die "the real-cluster suite failed"
+fi
 finish image-tests-and-bench
 finish arm64
 
