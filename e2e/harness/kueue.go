@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -212,15 +213,39 @@ func StartKueue(ctx context.Context, o KueueOptions, healthPort int) (*Kueue, er
 		Dir:   filepath.Join(o.Dir, "container"),
 		Log:   filepath.Join(o.Dir, "kueue.log"),
 	}}
-	if err := k.Start(); err != nil {
-		return nil, err
-	}
-	if err := k.WaitReady(ctx, KueueReadyTimeout); err != nil {
+	for attempt := 1; ; attempt++ {
+		if err := k.Start(); err != nil {
+			return nil, err
+		}
+		err := k.WaitReady(ctx, KueueReadyTimeout)
+		if err == nil {
+			return k, nil
+		}
 		_ = k.Stop(DaemonStopGrace)
-		return nil, err
+		// A port FreePort chose can be taken by another process before Kueue binds it (CI
+		// runs other tests beside this suite): new health and metrics ports, and again.
+		if attempt == portAttempts || !strings.Contains(k.LogText(), "address already in use") {
+			return nil, err
+		}
+		hp, herr := FreePort()
+		mp, merr := FreePort()
+		if herr != nil || merr != nil {
+			return nil, err
+		}
+		HostProcessOverrides(o.Config, o.Cluster, hp, mp)
+		if cfgYAML, err = yaml.Marshal(o.Config); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(cfgFile, cfgYAML, 0o644); err != nil {
+			return nil, err
+		}
+		k.HealthPort = hp
+		k.Log = filepath.Join(o.Dir, fmt.Sprintf("kueue-%d.log", attempt+1))
 	}
-	return k, nil
 }
+
+// portAttempts: how many times StartKueue starts a Kueue whose port was taken first.
+const portAttempts = 3
 
 // WaitReady waits until Kueue's /readyz answers 200 (its webhooks serve by then).
 func (k *Kueue) WaitReady(ctx context.Context, timeout time.Duration) error {

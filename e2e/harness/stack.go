@@ -281,7 +281,7 @@ func (s *Stack) StartKueue(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.Kueue = k
+	s.Kueue, s.hp = k, k.HealthPort
 	return nil
 }
 
