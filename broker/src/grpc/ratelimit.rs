@@ -41,8 +41,9 @@ pub const REFUSALS_ANSWERED_PER_SECOND: u32 = 100;
 /// once (`conn::MAX_STREAMS_PER_CONNECTION`). Why paced and not a budget a second: answered
 /// 100 at once and then held for the rest of the second, the attacker's calls came back in a
 /// burst at every second, its refusals and the calls its bucket had refilled for, tens of
-/// milliseconds of both runtime threads in one go, and a legitimate hit arriving then waited
-/// for them (BENCHMARKS.md, section 8).
+/// milliseconds of both runtime threads in one go, which a legitimate hit arriving then could
+/// only wait behind (BENCHMARKS.md, section 8: that alone did not bring the hits' p99 within
+/// 2x).
 pub const REFUSALS_ANSWERED_AT_ONCE: u32 = 16;
 
 #[derive(Debug, Clone)]
