@@ -90,10 +90,9 @@ struct Bucket {
     tokens: f64,
     updated: Instant,
     /// Refusals that may be answered now (at most [`REFUSALS_ANSWERED_AT_ONCE`], refilled at
-    /// [`REFUSALS_ANSWERED_PER_SECOND`]), as of `updated`.
+    /// [`REFUSALS_ANSWERED_PER_SECOND`]), as of `updated`; below zero, the caller's
+    /// connections are not read until it is back at zero.
     answers: f64,
-    /// Until when the caller's connections are not read.
-    paused: Option<Instant>,
 }
 
 impl Bucket {
@@ -102,28 +101,24 @@ impl Bucket {
             tokens,
             updated: now,
             answers: f64::from(REFUSALS_ANSWERED_AT_ONCE),
-            paused: None,
         }
     }
 
     /// Counts a refusal; once the refusals answered at once are spent, says until when the
     /// caller's connections are not read: until the next one is due.
     fn refused(&mut self) -> Option<Instant> {
-        let rate = f64::from(REFUSALS_ANSWERED_PER_SECOND);
         self.answers -= 1.0;
-        if self.answers >= 0.0 {
-            return None;
-        }
-        // The debt (how far below zero) is paid back at `rate`: the pause lengthens with each
-        // refusal read while paused (the calls already read from the socket).
-        let until = self.updated + std::time::Duration::from_secs_f64(-self.answers / rate);
-        self.paused = Some(until);
-        Some(until)
+        self.paused_until(self.updated)
     }
 
-    /// Until when the caller's connections are not read, if they are not now.
+    /// Until when the caller's connections are not read, if they are not now. The debt (how
+    /// far `answers` is below zero) is paid back at [`REFUSALS_ANSWERED_PER_SECOND`]: each
+    /// refusal read while paused (a call already read from the socket) lengthens the pause.
     fn paused_until(&self, now: Instant) -> Option<Instant> {
-        self.paused.filter(|until| *until > now)
+        let debt = -self.answers / f64::from(REFUSALS_ANSWERED_PER_SECOND);
+        (debt > 0.0)
+            .then(|| self.updated + std::time::Duration::from_secs_f64(debt))
+            .filter(|until| *until > now)
     }
 }
 
