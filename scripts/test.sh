@@ -105,20 +105,34 @@ have qemu-aarch64-static || apt_install qemu-user-static
 have qemu-aarch64-static || die "qemu-aarch64-static (qemu-user-static) is missing and could not be installed"
 printf 'kubectl: %s\ngrpcurl: %s\npromtool: %s\n' "$(kubectl version --client 2>/dev/null | head -1)" "$(grpcurl -version 2>&1)" "$(promtool --version 2>&1 | head -1)"
 
-# Jobs run beside the foreground at the lowest CPU priority, each in a session of its own (so
-# that it is stopped whole, with its children, if the run fails first); its output goes to a
-# log printed when it ends. A new session is a new scheduling group where the kernel groups
-# by session (autogroup), and groups share the CPU evenly whatever their processes' nice
-# value: the group itself is set to the lowest priority too.
+# Jobs run beside the foreground, each in a session of its own (so that it is stopped whole,
+# with its children, if the run fails first); its output goes to a log printed when it ends,
+# its exit status to a file beside it (which another job can wait for: `await`). Most run at
+# the lowest CPU priority: a new session is a new scheduling group where the kernel groups by
+# session (autogroup), and groups share the CPU evenly whatever their processes' nice value,
+# so the group itself is set to the lowest priority too.
 logs=$(mktemp -d "${TMPDIR:-/tmp}/credbroker-test.XXXXXX")
+export CREDBROKER_TEST_LOGS=$logs
 declare -A bg_pid=()
-background() { # NAME (a word) COMMAND...
-    local name=$1; shift
+background_at() { # NICE NAME (a word) COMMAND...
+    local nice=$1 name=$2; shift 2
     # shellcheck disable=SC2016
-    setsid bash -c '[ ! -w /proc/self/autogroup ] || echo 19 >/proc/self/autogroup; exec nice -n 19 "$@"' \
-        "$name" "$@" >"$logs/$name.log" 2>&1 </dev/null &
+    setsid bash -c '[ ! -w /proc/self/autogroup ] || echo "$1" >/proc/self/autogroup
+        name=$0 nice=$1; shift
+        status=0; nice -n "$nice" "$@" || status=$?
+        echo "$status" >"$CREDBROKER_TEST_LOGS/$name.status"; exit "$status"' \
+        "$name" "$nice" "$@" >"$logs/$name.log" 2>&1 </dev/null &
     bg_pid[$name]=$!
 }
+background() { background_at 19 "$@"; } # NAME COMMAND...: at the lowest priority
+# await NAME, in a job (a bash child: the function is exported): waits, a second at a time,
+# until job NAME has ended, and fails if it failed. Every job ends (each command in it is
+# bounded), and a failed run stops them all.
+await() {
+    until [ -e "$CREDBROKER_TEST_LOGS/$1.status" ]; do sleep 1; done
+    [ "$(cat "$CREDBROKER_TEST_LOGS/$1.status")" = 0 ] || { echo "$1 failed (its output follows the run's)" >&2; return 1; }
+}
+export -f await
 finish() { # NAME: waits for it, prints its output, fails the run if it failed
     local name=$1 status=0
     wait "${bg_pid[$name]}" || status=$?
@@ -170,18 +184,17 @@ cargo build --locked --workspace --bins
 cargo test --locked --workspace --exclude credbroker-tests --no-run
 cargo test --locked -p credbroker-tests --no-run
 
-say "release builds and the arm64 tests, beside the tests at the lowest priority"
+say "release builds, the arm64 tests and the real-cluster suite, beside the tests"
 # The image's amd64 release content (scripts/image-content.sh) and the arm64 build (Debian's
 # rustc for aarch64, static; scripts/cross-build.sh installs what it needs), each in a target
 # directory of its own: minutes of compiling (the broker's thin LTO, on every clone) that
-# nothing needs before the real-cluster suite and tests/tests/image.rs (which then find the
-# content built) and the arm64 tests, which run in the same job once their build is done. At
-# nice 19 they take the CPU the tests leave idle (most tests wait on sockets and timers); side
-# by side, the two compilers' single-threaded stretches fill both cores. They start once the
-# lints and the test builds, which keep both cores busy, are done: started beside them once,
-# the lints took 1m35s instead of 21s, their cargo "blocking waiting for file lock on package
-# cache". The arm64 job runs on beside the real-cluster suite, which waits only for the amd64
-# content.
+# nothing needs before tests/tests/image.rs and the real-cluster suite's node (which then find
+# the content built) and the arm64 tests, which run in the same job once their build is done.
+# At nice 19 they take the CPU the tests leave idle (most tests wait on sockets and timers);
+# side by side, the two compilers' single-threaded stretches fill both cores. They start once
+# the lints and the test builds, which keep both cores busy, are done: started beside them
+# once, the lints took 1m35s instead of 21s, their cargo "blocking waiting for file lock on
+# package cache".
 first=() arm64=()
 for t in tests/tests/*.rs; do
     name=$(basename "$t" .rs)
@@ -193,6 +206,18 @@ background release-content bash -c 'scripts/image-content.sh --profile release -
     release-content "$logs/release-content"
 background arm64 bash -c 'scripts/cross-build.sh --arch arm64 && cargo test --locked -p credbroker-tests "$@"' \
     arm64 "${arm64[@]}"
+# The real-cluster suite (e2e/): Kueue v0.19.2 and v0.17.0 dispatch Jobs through credbroker,
+# with kube-apiserver and etcd (and the node's peers) from the Go module proxy, built by the
+# peers jobs above, which it waits for. It mostly waits on Kueue, its timers and its
+# credentials' lifetimes (twelve minutes, most of them asleep), as the tests below wait on
+# sockets and timers: the two run side by side at the same priority, which neither starves.
+# Its node's image (scripts/build-image.sh) is built from the release content above.
+[ "$(id -u)" = 0 ] || die "the e2e suite needs root (mount namespaces and chroot for Kueue and the broker)"
+# shellcheck disable=SC2016
+background_at 0 e2e bash -c 'await peers-kueue && await peers-cluster && cd e2e \
+    && { unformatted=$(gofmt -l .); [ -z "$unformatted" ] || { echo "gofmt: these e2e files need formatting: $unformatted"; exit 1; }; } \
+    && GOTOOLCHAIN=local go vet ./... \
+    && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . ./harness'
 
 say "tests"
 # Every test target but tests/tests/image.rs (image builds: CPU for minutes, nothing timed),
@@ -206,25 +231,21 @@ finish peers-kueue
 cargo test --locked -p credbroker-tests --test deploy
 finish release-content
 
-say "real-cluster suite (e2e/): Kueue, kube-apiserver and etcd from the Go module proxy"
-# Peers built by e2e/peers.sh beside the work above (peers-cluster, waited for here); Kueue
-# v0.19.2 and v0.17.0 dispatch Jobs through credbroker.
-[ "$(id -u)" = 0 ] || die "the e2e suite needs root (mount namespaces and chroot for Kueue and the broker)"
-finish peers-cluster
-unformatted=$(cd e2e && gofmt -l .)
-[ -z "$unformatted" ] || die "gofmt: these e2e files need formatting: $unformatted"
-(cd e2e && GOTOOLCHAIN=local go vet ./...)
-# The suite mostly waits on Kueue, its timers and its credentials' lifetimes; the image tests
-# (build-image.sh's archive run with buildah, the image index, deploy/Containerfile built with
-# buildah) compile and pack for minutes with nothing timed, so they take its idle CPU.
+say "image tests and benchmarks' smoke run, beside the real-cluster suite"
+# The image tests (build-image.sh's archive run with buildah, the image index, deploy/Containerfile
+# built with buildah) compile and pack for minutes with nothing timed, so they take the idle
+# CPU. The benchmarks keep working (BENCHMARKS.md): --smoke, seconds of each section.
 cargo build --locked -q -p credbroker-bench
-# The benchmarks keep working (BENCHMARKS.md): --smoke, seconds of each section, nothing timed.
 background image-tests-and-bench bash -c 'cargo test --locked -p credbroker-tests --test image \
     && cargo run --locked -q -p credbroker-bench -- --smoke >/dev/null'
-# The log shows each test's lines; on a failure, the whole output's last 200 lines too (a
+finish peers-cluster
+
+# The suite's log: each test's lines; on a failure, the whole output's last 200 lines too (a
 # setup error's log tail, which the filter leaves out).
 e2e_status=0
-(cd e2e && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . ./harness) >"$logs/e2e.log" 2>&1 || e2e_status=$?
+wait "${bg_pid[e2e]}" || e2e_status=$?
+unset "bg_pid[e2e]"
+say "real-cluster suite (e2e/) ended (exit $e2e_status)"
 grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e)|_test\.go:[0-9]+: ' "$logs/e2e.log" | cut -c1-600
 if [ "$e2e_status" != 0 ]; then
     say "real-cluster suite failed (exit $e2e_status): the last 200 lines of its output"
