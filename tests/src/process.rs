@@ -284,9 +284,27 @@ pub fn world_runnable(dir: &Path, binary: &Path) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod dir");
     let copy = dir.join(binary.file_name().expect("binary has a file name"));
-    std::fs::copy(binary, &copy).expect("copy binary");
-    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).expect("chmod binary");
+    copy_executable(binary, &copy);
     copy
+}
+
+/// Copies the executable `from` to `to`, mode 0755, with `cp` in a child process. Copied by
+/// this process, the file would be open for writing here, and a child that another test
+/// thread spawns meanwhile inherits that descriptor until it execs: running the copy in that
+/// window fails with "Text file busy" (ETXTBSY; CI saw it, the chroot test's shim beside the
+/// other tests of its binary). The child's descriptor is gone when `cp` exits.
+pub fn copy_executable(from: &Path, to: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let out = run(Command::new("cp").arg("--").arg(from).arg(to), COMMAND_TIMEOUT);
+    assert!(
+        out.status.success(),
+        "cp {} {}: {}",
+        from.display(),
+        to.display(),
+        describe(&out)
+    );
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", to.display()));
 }
 
 /// The grpcurl executable itself (the PyPI package puts a Python launcher on PATH).

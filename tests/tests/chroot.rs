@@ -1,7 +1,6 @@
 //! The binaries are static: the shim runs in an empty chroot (no libc, no /etc, no /proc)
 //! holding only itself and the broker's socket, and neither binary has a PT_INTERP header.
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -67,9 +66,7 @@ fn token_in_an_empty_root(files: &[(std::path::PathBuf, &str)], run: &[&str]) {
         &socket,
     );
     for (from, name) in files {
-        let to = root.path().join(name);
-        std::fs::copy(from, &to).expect("copy into the chroot");
-        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        credbroker_tests::copy_executable(from, &root.path().join(name));
     }
     let entries: Vec<_> = std::fs::read_dir(root.path())
         .expect("read chroot")

@@ -1727,11 +1727,10 @@ fn run_init_container(pod: &Value, init: &Value, vol: &str, emptydir: &Path) -> 
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
             dir.pop();
         }
-        std::fs::copy(
-            image_content().join(program.trim_start_matches('/')),
+        credbroker_tests::copy_executable(
+            &image_content().join(program.trim_start_matches('/')),
             &executable,
-        )
-        .expect("copy the image's executable");
+        );
     }
     let args: Vec<PathBuf> = argv
         .iter()

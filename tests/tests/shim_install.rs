@@ -134,7 +134,7 @@ fn an_unwritable_dir_is_one_line_and_leaves_nothing() {
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     // The shim where uid 65532 can reach it.
     let copy = tmp.path().join("credbroker-shim");
-    std::fs::copy(bin(SHIM), &copy).expect("copy");
+    credbroker_tests::copy_executable(&bin(SHIM), &copy);
     let dir: PathBuf = tmp.path().join("read-only");
     std::fs::create_dir(&dir).expect("mkdir");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).expect("chmod");
