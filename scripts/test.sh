@@ -211,13 +211,18 @@ background arm64 bash -c 'scripts/cross-build.sh --arch arm64 && cargo test --lo
 # peers jobs above, which it waits for. It mostly waits on Kueue, its timers and its
 # credentials' lifetimes (twelve minutes, most of them asleep), as the tests below wait on
 # sockets and timers: the two run side by side at the same priority, which neither starves.
-# Its node's image (scripts/build-image.sh) is built from the release content above.
+# The two scenarios that run the image as users push it (scripts/build-image.sh: release
+# binaries) go last, in a second run of the suite (its fleet starts again, 20 s) once the
+# release content is built.
 [ "$(id -u)" = 0 ] || die "the e2e suite needs root (mount namespaces and chroot for Kueue and the broker)"
+image_scenarios='^(TestImagesThroughTheRegistry|TestNode)$'
 # shellcheck disable=SC2016
 background_at 0 e2e bash -c 'await peers-kueue && await peers-cluster && cd e2e \
     && { unformatted=$(gofmt -l .); [ -z "$unformatted" ] || { echo "gofmt: these e2e files need formatting: $unformatted"; exit 1; }; } \
     && GOTOOLCHAIN=local go vet ./... \
-    && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v . ./harness'
+    && GOTOOLCHAIN=local go test -count=1 -timeout 30m -v -skip "$1" . ./harness \
+    && await release-content \
+    && GOTOOLCHAIN=local go test -count=1 -timeout 15m -v -run "$1" .' e2e "$image_scenarios"
 
 say "tests"
 # Every test target but tests/tests/image.rs (image builds: CPU for minutes, nothing timed),

@@ -295,7 +295,10 @@ pub fn world_runnable(dir: &Path, binary: &Path) -> PathBuf {
 /// other tests of its binary). The child's descriptor is gone when `cp` exits.
 pub fn copy_executable(from: &Path, to: &Path) {
     use std::os::unix::fs::PermissionsExt;
-    let out = run(Command::new("cp").arg("--").arg(from).arg(to), COMMAND_TIMEOUT);
+    let out = run(
+        Command::new("cp").arg("--").arg(from).arg(to),
+        COMMAND_TIMEOUT,
+    );
     assert!(
         out.status.success(),
         "cp {} {}: {}",

@@ -509,7 +509,8 @@ print(" ".join(out.get(i, "open") for i in range(count)))
 
 /// Hostile-benchmark finding: a refused uid reconnecting in a loop had every connection served
 /// over HTTP/2 (30 000 a second, most of a core of the broker's CPU). Past
-/// `conn::REFUSED_SERVED_PER_SECOND` (100) a second, a refused peer's connection is now held
+/// `conn::REFUSED_SERVED_AT_ONCE` (16) at once and `conn::REFUSED_SERVED_PER_SECOND` (100) a
+/// second after them, a refused peer's connection is now held
 /// unread for a second and closed, and past `conn::REFUSED_HELD` (64) held, closed at once;
 /// real callers are served meanwhile.
 #[test]

@@ -252,18 +252,10 @@ fn reports(attackers: Vec<(&'static str, Child)>) -> Vec<(&'static str, String)>
 /// This bench binary, copied where the attackers' uids can run it (it lives under /root).
 fn world_runnable_copy(work: &Path) -> PathBuf {
     use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(work, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let dir = work.join("attacker");
     std::fs::create_dir_all(&dir).expect("attacker dir");
-    let copy = dir.join("credbroker-bench");
-    std::fs::copy(std::env::current_exe().expect("current_exe"), &copy).expect("copy the bench");
-    for (path, mode) in [
-        (work, 0o755),
-        (dir.as_path(), 0o755),
-        (copy.as_path(), 0o755),
-    ] {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-    }
-    copy
+    credbroker_tests::world_runnable(&dir, &std::env::current_exe().expect("current_exe"))
 }
 
 /// The legitimate callers for `duration`, with the broker's RSS sampled every second.
