@@ -190,8 +190,10 @@ say "release builds, the arm64 tests and the real-cluster suite, beside the test
 # directory of its own: minutes of compiling (the broker's thin LTO, on every clone) that
 # nothing needs before tests/tests/image.rs and the real-cluster suite's node (which then find
 # the content built) and the arm64 tests, which run in the same job once their build is done.
-# At nice 19 they take the CPU the tests leave idle (most tests wait on sockets and timers);
-# side by side, the two compilers' single-threaded stretches fill both cores. They start once
+# The arm64 job runs at nice 19, on the CPU the tests leave idle (most tests wait on sockets
+# and timers); the amd64 content at the tests' priority, as the image tests and the suite's
+# image scenarios wait for it (at nice 19 it was done at 14 min of a 22-minute warm run, and
+# the image tests after it ended the run). They start once
 # the lints and the test builds, which keep both cores busy, are done: started beside them
 # once, the lints took 1m35s instead of 21s, their cargo "blocking waiting for file lock on
 # package cache".
@@ -202,7 +204,7 @@ for t in tests/tests/*.rs; do
     elif grep -q 'arch::arm64()' "$t"; then arm64+=(--test "$name")
     else first+=(--test "$name"); fi
 done
-background release-content bash -c 'scripts/image-content.sh --profile release --out "$1" >/dev/null' \
+background_at 0 release-content bash -c 'scripts/image-content.sh --profile release --out "$1" >/dev/null' \
     release-content "$logs/release-content"
 background arm64 bash -c 'scripts/cross-build.sh --arch arm64 && cargo test --locked -p credbroker-tests "$@"' \
     arm64 "${arm64[@]}"
