@@ -193,10 +193,9 @@ say "release builds, the arm64 tests and the real-cluster suite, beside the test
 # The arm64 job runs at nice 19, on the CPU the tests leave idle (most tests wait on sockets
 # and timers); the amd64 content at the tests' priority, as the image tests and the suite's
 # image scenarios wait for it (at nice 19 it was done at 14 min of a 22-minute warm run, and
-# the image tests after it ended the run). They start once
-# the lints and the test builds, which keep both cores busy, are done: started beside them
-# once, the lints took 1m35s instead of 21s, their cargo "blocking waiting for file lock on
-# package cache".
+# the image tests after it ended the run). They start once the lints and the test builds,
+# which keep both cores busy, are done: started beside them once, the lints took 1m35s
+# instead of 21s, their cargo "blocking waiting for file lock on package cache".
 first=() arm64=()
 for t in tests/tests/*.rs; do
     name=$(basename "$t" .rs)
