@@ -1,6 +1,7 @@
-//! The ground floor: leaf modules that import nothing of the broker's, so every other layer
-//! may use them.
+//! The ground floor: modules that import nothing of the broker's outside this folder, so every
+//! other layer may use them.
 
+pub mod bucket;
 pub mod clock;
 pub mod conn;
 pub mod files;

@@ -30,6 +30,8 @@ use tokio::net::UnixStream;
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
+use crate::base::bucket::TokenBucket;
+
 /// A client must send the HTTP/2 preface and its SETTINGS frame within this long. A real
 /// client writes both right after connecting, and they wait in the kernel's buffer until the
 /// broker reads them, so a loaded broker never times out a real client; 5 s is "a few
@@ -271,9 +273,8 @@ pub struct RefusedGate {
 
 #[derive(Debug)]
 struct RefusedShared {
-    /// When every connection served so far would have been served had each waited its turn
-    /// at [`REFUSED_SERVED_PER_SECOND`] (none yet: `None`).
-    paced_until: Mutex<Option<Instant>>,
+    /// [`REFUSED_SERVED_PER_SECOND`], [`REFUSED_SERVED_AT_ONCE`].
+    served: Mutex<TokenBucket>,
     held: AtomicUsize,
     /// Connections held and closed at once, summed up between log lines.
     log: Summed,
@@ -283,7 +284,11 @@ impl Default for RefusedGate {
     fn default() -> Self {
         Self {
             shared: Arc::new(RefusedShared {
-                paced_until: Mutex::new(None),
+                served: Mutex::new(TokenBucket::new(
+                    REFUSED_SERVED_PER_SECOND,
+                    REFUSED_SERVED_AT_ONCE,
+                    Instant::now(),
+                )),
                 held: AtomicUsize::new(0),
                 log: Summed::default(),
             }),
@@ -295,20 +300,11 @@ impl RefusedGate {
     /// Whether this refused connection is served (answered `PERMISSION_DENIED`): one of
     /// [`REFUSED_SERVED_AT_ONCE`] at once, then one every 1/[`REFUSED_SERVED_PER_SECOND`] s.
     pub fn may_serve(&self) -> bool {
-        const EACH: Duration =
-            Duration::from_nanos(1_000_000_000 / REFUSED_SERVED_PER_SECOND as u64);
-        let now = Instant::now();
-        let mut paced_until = self
-            .shared
-            .paced_until
+        self.shared
+            .served
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let from = paced_until.map_or(now, |at| at.max(now));
-        if from.duration_since(now) >= EACH * REFUSED_SERVED_AT_ONCE {
-            return false;
-        }
-        *paced_until = Some(from + EACH);
-        true
+            .unwrap_or_else(PoisonError::into_inner)
+            .try_take(Instant::now())
     }
 
     /// Holds `stream` unread for [`REFUSED_HOLD`], then closes it; closes it at once when

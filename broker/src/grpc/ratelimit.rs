@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
+use crate::base::bucket::TokenBucket;
 use crate::base::conn::ConnInfo;
 use crate::config::RateLimitConfig;
 use crate::engine::broker::BrokerError;
@@ -79,47 +80,19 @@ impl<S> tower::Layer<S> for RateLimitLayer {
 pub struct Limiter {
     /// As configured, for the refusal's message.
     config: RateLimitConfig,
-    per_second: f64,
-    burst: f64,
-    buckets: Mutex<HashMap<u32, Bucket>>,
+    buckets: Mutex<HashMap<u32, Buckets>>,
     log: RefusalLog,
 }
 
+/// One caller's.
 #[derive(Debug, Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    updated: Instant,
-    /// Refusals that may be answered now (at most [`REFUSALS_ANSWERED_AT_ONCE`], refilled at
-    /// [`REFUSALS_ANSWERED_PER_SECOND`]), as of `updated`; below zero, the caller's
-    /// connections are not read until it is back at zero.
-    answers: f64,
-}
-
-impl Bucket {
-    fn new(tokens: f64, now: Instant) -> Self {
-        Bucket {
-            tokens,
-            updated: now,
-            answers: f64::from(REFUSALS_ANSWERED_AT_ONCE),
-        }
-    }
-
-    /// Counts a refusal; once the refusals answered at once are spent, says until when the
-    /// caller's connections are not read: until the next one is due.
-    fn refused(&mut self) -> Option<Instant> {
-        self.answers -= 1.0;
-        self.paused_until(self.updated)
-    }
-
-    /// Until when the caller's connections are not read, if they are not now. The debt (how
-    /// far `answers` is below zero) is paid back at [`REFUSALS_ANSWERED_PER_SECOND`]: each
-    /// refusal read while paused (a call already read from the socket) lengthens the pause.
-    fn paused_until(&self, now: Instant) -> Option<Instant> {
-        let debt = -self.answers / f64::from(REFUSALS_ANSWERED_PER_SECOND);
-        (debt > 0.0)
-            .then(|| self.updated + std::time::Duration::from_secs_f64(debt))
-            .filter(|until| *until > now)
-    }
+struct Buckets {
+    /// The calls it may make: `rateLimit.perSecond`, `rateLimit.burst`.
+    calls: TokenBucket,
+    /// The refusals answered ([`REFUSALS_ANSWERED_PER_SECOND`],
+    /// [`REFUSALS_ANSWERED_AT_ONCE`]); in debt, the caller's connections are not read until
+    /// it is paid back.
+    answers: TokenBucket,
 }
 
 /// Refusals of one kind, per caller uid: the first is logged at once, later ones summed up at
@@ -167,8 +140,6 @@ impl Limiter {
     pub fn new(config: &RateLimitConfig) -> Self {
         Self {
             config: config.clone(),
-            per_second: f64::from(config.per_second),
-            burst: f64::from(config.burst),
             buckets: Mutex::new(HashMap::new()),
             log: RefusalLog::default(),
         }
@@ -185,20 +156,15 @@ impl Limiter {
     pub fn check(&self, uid: u32) -> Decision {
         let now = Instant::now();
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
-        let bucket = buckets
-            .entry(uid)
-            .or_insert_with(|| Bucket::new(self.burst, now));
-        let elapsed = now.saturating_duration_since(bucket.updated).as_secs_f64();
-        bucket.tokens = (bucket.tokens + elapsed * self.per_second).min(self.burst);
-        bucket.answers = (bucket.answers + elapsed * f64::from(REFUSALS_ANSWERED_PER_SECOND))
-            .min(f64::from(REFUSALS_ANSWERED_AT_ONCE));
-        bucket.updated = now;
-        let allowed = bucket.tokens >= 1.0;
+        let caller = buckets.entry(uid).or_insert_with(|| Buckets {
+            calls: TokenBucket::new(self.config.per_second, self.config.burst, now),
+            answers: TokenBucket::new(REFUSALS_ANSWERED_PER_SECOND, REFUSALS_ANSWERED_AT_ONCE, now),
+        });
+        let allowed = caller.calls.try_take(now);
         let pause_until = if allowed {
-            bucket.tokens -= 1.0;
             None
         } else {
-            bucket.refused()
+            caller.answers.take(now)
         };
         drop(buckets);
         let report = self.log.note(uid, !allowed);
@@ -213,7 +179,7 @@ impl Limiter {
     /// faster than [`REFUSALS_ANSWERED_PER_SECOND`] waits as its others do.
     pub fn paused_until(&self, uid: u32) -> Option<Instant> {
         let buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
-        buckets.get(&uid)?.paused_until(Instant::now())
+        buckets.get(&uid)?.answers.owed_until(Instant::now())
     }
 }
 
