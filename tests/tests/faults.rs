@@ -293,11 +293,30 @@ fn a_broker_killed_under_load_is_reported_clearly_and_works_within_a_second_of_r
     let restarted = Broker::start_at(&yaml, &socket);
     let ready = Instant::now();
     let out = run_shim(&socket, &["--provider", "onprem"], Some(&info("a")));
+    let first = ready.elapsed();
     assert_credential(&out, V1);
+    // The same call (a miss: the plugin runs) for a cluster the restarted broker has not
+    // seen, once it has served: what a miss costs on this machine now. What the restart may
+    // add to that is under a second; a second in all, as it takes on a quiet machine, was
+    // 1.04 s once under CI's load (release builds and the real-cluster suite beside), none of
+    // it the restart's.
+    let runs = plugin.runs().len();
+    let settled = Instant::now();
+    assert_credential(
+        &run_shim(&socket, &["--provider", "onprem"], Some(&info("b"))),
+        V1,
+    );
+    let miss = settled.elapsed();
     assert!(
-        ready.elapsed() < Duration::from_secs(1),
-        "works within a second of the restart: {:?}",
-        ready.elapsed()
+        plugin.runs()[runs..]
+            .iter()
+            .any(|(cluster, _)| cluster == "b"),
+        "the call it is compared with is a miss too: {:?}",
+        plugin.runs()
+    );
+    assert!(
+        first < miss + Duration::from_secs(1),
+        "works within a second of the restart: the first call took {first:?}, a miss on the running broker {miss:?}"
     );
     assert!(
         restarted.logs().contains("replacing a stale socket"),
