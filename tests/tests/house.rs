@@ -185,7 +185,7 @@ fn no_shipped_code_imports_a_layer_above_its_own() {
 }
 
 #[test]
-fn the_ground_layer_imports_nothing_of_the_broker() {
+fn the_ground_layer_imports_nothing_above_it() {
     let root = repo_root();
     let layers = map(&root);
     let base = &layers[0];
@@ -197,10 +197,11 @@ fn the_ground_layer_imports_nothing_of_the_broker() {
         let file = root.join(format!("broker/src/{}/{module}.rs", base.name));
         let source =
             std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        let code = shipped(&source);
+        // One ground module may use another (`conn` paces with `bucket`): still nothing above.
+        let code = shipped(&source).replace(&format!("crate::{}::", base.name), "");
         assert!(
             !code.contains("crate::") && !code.contains("super::"),
-            "{} is in the ground layer but imports from the broker",
+            "{} is in the ground layer but imports from the broker above it",
             file.display()
         );
     }
