@@ -263,9 +263,9 @@ impl CapLog {
 }
 
 /// What the accept loop does with a connection from a peer it would refuse, past the small
-/// pool served over HTTP/2 ([`REFUSED_CONNECTIONS`]): serve it while the second's budget
-/// lasts ([`REFUSED_SERVED_PER_SECOND`]), else hold it unread ([`REFUSED_HOLD`],
-/// [`REFUSED_HELD`]) and close it.
+/// pool served over HTTP/2 ([`REFUSED_CONNECTIONS`]): serve it when the pace allows
+/// ([`REFUSED_SERVED_AT_ONCE`], then [`REFUSED_SERVED_PER_SECOND`]), else hold it unread
+/// ([`REFUSED_HOLD`], [`REFUSED_HELD`]) and close it.
 #[derive(Debug, Clone)]
 pub struct RefusedGate {
     shared: Arc<RefusedShared>,
